@@ -1,0 +1,223 @@
+"""Load cubins and launch their kernels on the current torch stream, every driver call checked.
+
+One launcher serves both the NVRTC kernels (typed argument lists) and the CUTLASS-built
+kernels (one ``Params`` struct passed by value, optionally with a thread-block cluster).
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from cuda.bindings import driver
+
+__all__ = ["CudaDriverError", "check", "Module", "Kernel", "current_stream_handle", "device_capability"]
+
+
+class CudaDriverError(RuntimeError):
+    """A CUDA driver call returned an error; the message names the call and decodes the error."""
+
+
+def check(result: tuple, what: str) -> Any:
+    """Unpack a cuda.bindings.driver return tuple, raising CudaDriverError unless CUDA_SUCCESS."""
+    err, *rest = result
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        _, desc = driver.cuGetErrorString(err)
+        name = name.decode() if isinstance(name, bytes) else str(err)
+        desc = desc.decode() if isinstance(desc, bytes) else ""
+        raise CudaDriverError(f"{what} failed: {name}: {desc}")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+_ctx_lock = threading.Lock()
+_contexts: dict[int, Any] = {}
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _ensure_context(device: int) -> None:
+    """Make the device's primary context (the one torch uses) current on this thread."""
+    with _ctx_lock:
+        ctx = _contexts.get(device)
+        if ctx is None:
+            check(driver.cuInit(0), "cuInit")
+            dev = check(driver.cuDeviceGet(device), "cuDeviceGet")
+            ctx = check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+            _contexts[device] = ctx
+    current = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if current is None or int(current) != int(ctx):
+        check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+def current_stream_handle() -> int:
+    """The raw cudaStream_t of torch's current stream on the current device."""
+    return _torch().cuda.current_stream().cuda_stream
+
+
+def device_capability(device: int | None = None) -> int:
+    """Compute capability as an int (e.g. 90) of ``device`` (default: torch's current device)."""
+    torch = _torch()
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+# Argument kinds of a kernel signature: one character each.
+_CTYPES = {
+    "P": ctypes.c_uint64,  # device pointer (a tensor, an int address, or None)
+    "i": ctypes.c_int32,
+    "I": ctypes.c_uint32,
+    "q": ctypes.c_int64,
+    "f": ctypes.c_float,
+}
+
+
+def _as_pointer(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value
+    return value.data_ptr()
+
+
+@dataclass
+class _LaunchConfig:
+    """A reusable cuLaunchKernelEx configuration (used for cluster launches)."""
+
+    config: Any
+    attrs: list
+
+
+class Kernel:
+    """One ``__global__`` function of a loaded module."""
+
+    def __init__(self, module: "Module", name: str, signature: str | None):
+        self.module = module
+        self.name = name
+        self.signature = signature
+        self._functions: dict[int, Any] = {}
+        self._max_dynamic_smem = 0
+        if signature is not None:
+            bad = set(signature) - set(_CTYPES)
+            if bad:
+                raise ValueError(f"signature of {name} has unknown argument kinds {sorted(bad)}")
+            fields = [(f"a{i}", _CTYPES[c]) for i, c in enumerate(signature)]
+            self._struct = type(f"Args_{name}", (ctypes.Structure,), {"_fields_": fields})
+            self._offsets = [getattr(self._struct, f"a{i}").offset for i in range(len(signature))]
+
+    def function(self, device: int | None = None):
+        """The CUfunction on ``device`` (loading the module there on first use)."""
+        if device is None:
+            device = _torch().cuda.current_device()
+        fn = self._functions.get(device)
+        if fn is None:
+            mod = self.module.handle(device)
+            fn = check(driver.cuModuleGetFunction(mod, self.name.encode()), f"cuModuleGetFunction({self.name})")
+            if self._max_dynamic_smem:
+                self._set_smem(fn, self._max_dynamic_smem)
+            self._functions[device] = fn
+        return fn
+
+    def _set_smem(self, fn, nbytes: int) -> None:
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(driver.cuFuncSetAttribute(fn, attr, nbytes), f"cuFuncSetAttribute({self.name}, smem={nbytes})")
+
+    def set_max_dynamic_smem(self, nbytes: int) -> None:
+        """Allow more than 48 KiB of dynamic shared memory (applied on every device used)."""
+        if nbytes > self._max_dynamic_smem:
+            self._max_dynamic_smem = nbytes
+            for fn in self._functions.values():
+                self._set_smem(fn, nbytes)
+
+    def pack(self, args: Sequence[Any]):
+        """Pack ``args`` per the signature; returns (keep-alive struct, void** array)."""
+        if self.signature is None:
+            raise TypeError(f"kernel {self.name} was loaded without a signature; use launch_params")
+        if len(args) != len(self.signature):
+            raise TypeError(f"kernel {self.name} takes {len(self.signature)} arguments ({self.signature}), "
+                            f"got {len(args)}")
+        values = [_as_pointer(a) if c == "P" else a for a, c in zip(args, self.signature)]
+        s = self._struct(*values)
+        base = ctypes.addressof(s)
+        ptrs = (ctypes.c_void_p * len(values))(*[base + off for off in self._offsets])
+        return s, ptrs
+
+    def launch(self, grid, block, args: Sequence[Any], smem: int = 0, stream: int | None = None) -> None:
+        """Launch on ``stream`` (default: torch's current stream) with typed ``args``."""
+        keep, ptrs = self.pack(args)
+        self._launch(grid, block, ctypes.addressof(ptrs), smem, stream)
+        del keep
+
+    def launch_params(self, grid, block, params: ctypes.Array | bytearray, smem: int = 0,
+                      stream: int | None = None, cluster: tuple[int, int, int] = (1, 1, 1)) -> None:
+        """Launch a kernel whose only parameter is a by-value struct held in ``params``."""
+        buf = params if isinstance(params, ctypes.Array) else (ctypes.c_char * len(params)).from_buffer(params)
+        ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+        if cluster == (1, 1, 1):
+            self._launch(grid, block, ctypes.addressof(ptrs), smem, stream)
+        else:
+            self._launch_cluster(grid, block, ctypes.addressof(ptrs), smem, stream, cluster)
+
+    def _launch(self, grid, block, params_addr: int, smem: int, stream: int | None) -> None:
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        bx, by, bz = (tuple(block) + (1, 1))[:3]
+        if stream is None:
+            stream = current_stream_handle()
+        fn = self.function()
+        err, = driver.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, smem, stream, params_addr, 0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            check((err,), f"cuLaunchKernel({self.name}, grid={grid}, block={block}, smem={smem})")
+
+    def _launch_cluster(self, grid, block, params_addr, smem, stream, cluster) -> None:
+        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+        bx, by, bz = (tuple(block) + (1, 1))[:3]
+        if stream is None:
+            stream = current_stream_handle()
+        cfg = driver.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, gy, gz
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = bx, by, bz
+        cfg.sharedMemBytes = smem
+        cfg.hStream = driver.CUstream(stream)
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        err, = driver.cuLaunchKernelEx(cfg, self.function(), params_addr, 0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            check((err,), f"cuLaunchKernelEx({self.name}, grid={grid}, block={block}, cluster={cluster})")
+
+
+class Module:
+    """A cubin image, loaded lazily into each device's primary context."""
+
+    def __init__(self, image: bytes, name: str = "module"):
+        self.image = bytes(image)
+        self.name = name
+        self._handles: dict[int, Any] = {}
+        self._kernels: dict[str, Kernel] = {}
+
+    def handle(self, device: int):
+        mod = self._handles.get(device)
+        if mod is None:
+            torch = _torch()
+            with torch.cuda.device(device):
+                _ensure_context(device)
+                mod = check(driver.cuModuleLoadData(self.image), f"cuModuleLoadData({self.name})")
+            self._handles[device] = mod
+        return mod
+
+    def kernel(self, name: str, signature: str | None = None) -> Kernel:
+        """The kernel ``name``; ``signature`` is one character per argument (P, i, I, q, f)."""
+        k = self._kernels.get(name)
+        if k is None:
+            k = Kernel(self, name, signature)
+            self._kernels[name] = k
+        return k

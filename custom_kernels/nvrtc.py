@@ -1,0 +1,149 @@
+"""Compile ``.cu`` sources to cubin with NVRTC (cuda.bindings.nvrtc), cached by content.
+
+The cache key covers the source, every project header in ``kernels/``, the options, the
+NVRTC version and the target architecture; cubins are written atomically under
+``cache_root()/nvrtc``. No GPU is needed: cubins for sm_75/80/90 build on a CPU machine.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from cuda.bindings import nvrtc
+
+from .cache import atomic_write, cache_dir, content_key
+from .cuda_paths import cuda_include_dirs
+
+log = logging.getLogger(__name__)
+
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+BASE_OPTIONS = ("-std=c++17", "--device-as-default-execution-space")
+
+
+class KernelCompileError(RuntimeError):
+    """NVRTC rejected a source; the message holds NVRTC's log."""
+
+
+@dataclass(frozen=True)
+class Cubin:
+    name: str  # source file name, for messages
+    arch: str  # "75", "80", "90", "90a"
+    data: bytes
+    path: Path
+    from_cache: bool
+
+
+def _check(result, what: str):
+    """Unpack a cuda.bindings.nvrtc return tuple, raising on anything but NVRTC_SUCCESS."""
+    err, *rest = result
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        _, msg = nvrtc.nvrtcGetErrorString(err)
+        raise KernelCompileError(f"{what} failed: {msg.decode() if msg else err}")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else tuple(rest)
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc_version() -> tuple[int, int]:
+    return tuple(_check(nvrtc.nvrtcVersion(), "nvrtcVersion"))  # type: ignore[return-value]
+
+
+def normalize_arch(arch: int | str) -> str:
+    """75 / "sm_80" / "90a" -> "75" / "80" / "90a"; rejects anything else with a ValueError."""
+    text = str(arch).lower().removeprefix("sm_").removeprefix("compute_")
+    digits = text.rstrip("a")
+    if not digits.isdigit() or len(text) - len(digits) > 1 or int(digits) < 75:
+        raise ValueError(f"arch must be a compute capability >= 75 such as 80 or '90a', got {arch!r}")
+    return text
+
+
+@functools.lru_cache(maxsize=1)
+def _project_headers_digest() -> str:
+    parts: list[bytes] = []
+    for header in sorted(KERNEL_DIR.glob("*.cuh")):
+        parts += [header.name.encode(), header.read_bytes()]
+    return content_key(*parts)
+
+
+def _build_options(arch: str, defines: Mapping[str, object], options: Iterable[str]) -> list[str]:
+    opts = list(BASE_OPTIONS)
+    opts.append(f"--gpu-architecture=sm_{arch}")
+    opts += [f"-I{d}" for d in (str(KERNEL_DIR), *cuda_include_dirs())]
+    opts += [f"-D{k}={v}" for k, v in sorted(defines.items())]
+    opts += list(options)
+    return opts
+
+
+def compile_source(
+    source: str,
+    arch: int | str,
+    *,
+    name: str = "kernel.cu",
+    defines: Mapping[str, object] | None = None,
+    options: Iterable[str] = (),
+    use_cache: bool = True,
+) -> Cubin:
+    """Compile CUDA C++ ``source`` to a cubin for ``arch``; returns the cached one if present."""
+    arch = normalize_arch(arch)
+    opts = _build_options(arch, defines or {}, options)
+    # Include dirs are machine paths; keep them out of the key so carried caches still hit.
+    key_opts = [o for o in opts if not o.startswith("-I")]
+    key = content_key(source, _project_headers_digest(), "\0".join(key_opts), repr(nvrtc_version()), arch)
+    path = cache_dir("nvrtc") / f"{Path(name).stem}-sm{arch}-{key[:24]}.cubin"
+    if use_cache and path.exists():
+        return Cubin(name, arch, path.read_bytes(), path, True)
+
+    t0 = time.perf_counter()
+    prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
+    try:
+        encoded = [o.encode() for o in opts]
+        err, = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
+        size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        buf = b" " * size
+        _check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
+        build_log = buf.decode(errors="replace").rstrip("\x00").strip()
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise KernelCompileError(
+                f"NVRTC failed to compile {name} for sm_{arch}:\n{build_log}\noptions: {' '.join(key_opts)}"
+            )
+        if build_log:
+            log.debug("NVRTC log for %s (sm_%s):\n%s", name, arch, build_log)
+        size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        data = b" " * size
+        _check(nvrtc.nvrtcGetCUBIN(prog, data), "nvrtcGetCUBIN")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    atomic_write(path, data)
+    log.info("compiled %s for sm_%s in %.2f s", name, arch, time.perf_counter() - t0)
+    return Cubin(name, arch, data, path, False)
+
+
+def kernel_path(filename: str) -> Path:
+    path = KERNEL_DIR / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"no kernel source {filename!r} in {KERNEL_DIR}")
+    return path
+
+
+def compile_file(
+    filename: str,
+    arch: int | str,
+    *,
+    defines: Mapping[str, object] | None = None,
+    options: Iterable[str] = (),
+    use_cache: bool = True,
+) -> Cubin:
+    """Compile ``custom_kernels/kernels/<filename>`` for ``arch``."""
+    path = kernel_path(filename)
+    return compile_source(path.read_text(), arch, name=path.name, defines=defines, options=options,
+                          use_cache=use_cache)
+
+
+def kernel_sources() -> list[str]:
+    """Every ``.cu`` file shipped in ``custom_kernels/kernels``."""
+    return sorted(p.name for p in KERNEL_DIR.glob("*.cu"))
