@@ -1,0 +1,219 @@
+"""The public API: validate every argument, then dispatch to the GPU implementation.
+
+Order of checks in every GPU function: arguments (dtypes, shapes, block sizes, names) ->
+a CUDA GPU is present -> every tensor (and the QuantizedWeight) is on the same CUDA device.
+The GPU modules are imported lazily, so ``import cutlass_ops`` needs no GPU runtime.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from cutlass_ops._validate import (
+    FLOAT_DTYPES, check_block_size, check_cuda, check_dtype, check_int, check_ndim, check_same_device,
+    check_shape, check_choice, parse_activation, parse_pair,
+)
+from cutlass_ops.formats import (
+    QuantizedWeight, quantize_activation_reference, quantize_conv_weight, quantize_weight,
+)
+
+__all__ = [
+    "QuantizedWeight", "quantize_weight", "quantize_conv_weight", "quantize_activation", "linear",
+    "conv2d", "linear_w8a8", "int8_gemm", "int8_gemm_requant", "W8A8_PATHS",
+]
+
+W8A8_PATHS = ("fused", "orchestrator", "literal")
+
+
+# --------------------------------------------------------------------------------------------
+# shared checks
+# --------------------------------------------------------------------------------------------
+
+def _require_gpu(function: str) -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"cutlass_ops.{function}() needs an NVIDIA GPU (torch.cuda.is_available() is "
+                           f"False); the float64 references of every op live in cutlass_ops.reference")
+
+
+def _check_qw(qw, name: str = "qw") -> QuantizedWeight:
+    if not isinstance(qw, QuantizedWeight):
+        raise TypeError(f"{name} must be a QuantizedWeight (see cutlass_ops.quantize_weight), "
+                        f"got {type(qw).__name__}")
+    qw.validate()  # the dataclass is mutable: re-check its fields
+    return qw
+
+
+def _check_bias(bias, N: int) -> None:
+    if bias is not None:
+        check_dtype(bias, "bias", FLOAT_DTYPES)
+        check_shape(bias, "bias", (N,), "[N]")
+
+
+def _check_last_dim(x: torch.Tensor, name: str, K: int) -> None:
+    if x.dim() < 1 or x.shape[-1] != K:
+        raise ValueError(f"{name} must have shape [..., K] with K={K} (qw.K), got {tuple(x.shape)}")
+
+
+def _check_devices(function: str, primary_name: str, primary: torch.Tensor,
+                   others: dict[str, torch.Tensor | None], qw: QuantizedWeight | None = None) -> None:
+    """GPU present, ``primary`` on CUDA, every other tensor and ``qw`` on the same device."""
+    _require_gpu(function)
+    check_cuda(primary, primary_name)
+    check_same_device(others, primary.device, primary_name)
+    if qw is not None:
+        for field in ("qweight", "scale", "offset"):
+            t = getattr(qw, field)
+            if t.device != primary.device:
+                raise ValueError(f"qw.{field} is on {t.device} but {primary_name} is on {primary.device}; "
+                                 f"move the weight with qw.to({primary_name}.device)")
+
+
+def _check_arch(arch):
+    """None (the current device), an int cc such as 80/90, or a str such as "90a"."""
+    if arch is None:
+        return None
+    if isinstance(arch, bool) or not isinstance(arch, (int, str)):
+        raise TypeError(f"arch must be None, an int (e.g. 80) or a str (e.g. '90a'), "
+                        f"got {type(arch).__name__}")
+    if not re.fullmatch(r"\d{2,3}a?", str(arch)):
+        raise ValueError(f"arch must look like 75, 80, 90 or '90a', got {arch!r}")
+    return arch
+
+
+# --------------------------------------------------------------------------------------------
+# public functions
+# --------------------------------------------------------------------------------------------
+
+def quantize_activation(x: torch.Tensor, block_size: int | None = None):
+    """QuantA per row and K block: (A_q int8 [M,K], scale f32 [M,G], offset f32 [M,G], sum_q int32 [M,G]).
+
+    CPU tensors use ``formats.quantize_activation_reference``; CUDA tensors the GPU kernel.
+    block_size None => one block per row.
+    """
+    check_dtype(x, "x", FLOAT_DTYPES)
+    check_ndim(x, "x", 2, "[M, K]")
+    block_size = check_block_size(block_size, x.shape[1])
+    if x.device.type == "cpu":
+        return quantize_activation_reference(x, block_size)
+    check_cuda(x, "x")
+    from cutlass_ops.ops.quant import quantize_activation_gpu
+    return quantize_activation_gpu(x.contiguous(), block_size)
+
+
+def linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None,
+           activation=None) -> torch.Tensor:
+    """Weight-only quantized linear: act(x @ dequantize(qw)^T + bias); x [..., K] -> [..., N]."""
+    _check_qw(qw)
+    check_dtype(x, "x", FLOAT_DTYPES)
+    _check_last_dim(x, "x", qw.K)
+    _check_bias(bias, qw.N)
+    act = parse_activation(activation)
+    _check_devices("linear", "x", x, {"bias": bias}, qw)
+    x2d = x.reshape(-1, qw.K).contiguous()
+    if x2d.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], qw.N)
+    from cutlass_ops.ops.weight_only import linear_weight_only
+    out = linear_weight_only(x2d, qw, None if bias is None else bias.contiguous(), act)
+    return out.reshape(*x.shape[:-1], qw.N)
+
+
+def conv2d(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None, stride=1, padding=0,
+           dilation=1, activation=None) -> torch.Tensor:
+    """Weight-only quantized conv2d: x [B, Ci, H, W] (NCHW or channels_last) -> [B, Co, Oh, Ow]."""
+    _check_qw(qw)
+    if qw.conv_shape is None:
+        raise ValueError("qw must be a conv weight (from quantize_conv_weight); its conv_shape is None")
+    check_dtype(x, "x", FLOAT_DTYPES)
+    check_ndim(x, "x", 4, "[B, Ci, H, W]")
+    Co, Kh, Kw, Ci = qw.conv_shape
+    if x.shape[1] != Ci:
+        raise ValueError(f"x must have Ci={Ci} channels (dim 1) to match qw, got shape {tuple(x.shape)}")
+    _check_bias(bias, Co)
+    stride = parse_pair(stride, "stride", 1)
+    padding = parse_pair(padding, "padding", 0)
+    dilation = parse_pair(dilation, "dilation", 1)
+    act = parse_activation(activation)
+    for i, (size, k) in enumerate(zip(x.shape[2:], (Kh, Kw))):
+        if size + 2 * padding[i] < dilation[i] * (k - 1) + 1:
+            raise ValueError(f"x spatial size {tuple(x.shape[2:])} with padding={padding} is smaller than "
+                             f"the dilated kernel ({Kh}, {Kw}) with dilation={dilation}")
+    _check_devices("conv2d", "x", x, {"bias": bias}, qw)
+    if not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)):
+        x = x.contiguous()
+    from cutlass_ops.ops.conv import conv2d_weight_only
+    bias = None if bias is None else bias.contiguous()
+    return conv2d_weight_only(x, qw, bias, stride, padding, dilation, act)
+
+
+def linear_w8a8(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None, activation=None,
+                path: str = "fused") -> torch.Tensor:
+    """Scheme 2 (W8A8 per K block): QuantA(x, qw.block_size), int8 GEMM per block, 4-term dequant.
+
+    path: "fused" (one kernel), "orchestrator" (per-block CUTLASS GEMMs) or "literal" (the
+    documents' kernels one by one). x [..., K] -> [..., N].
+    """
+    _check_qw(qw)
+    if qw.bits != 8:
+        raise ValueError(f"qw must be an int8 weight (bits=8) for linear_w8a8, got bits={qw.bits}")
+    check_dtype(x, "x", FLOAT_DTYPES)
+    _check_last_dim(x, "x", qw.K)
+    _check_bias(bias, qw.N)
+    act = parse_activation(activation)
+    check_choice(path, "path", W8A8_PATHS)
+    _check_devices("linear_w8a8", "x", x, {"bias": bias}, qw)
+    x2d = x.reshape(-1, qw.K).contiguous()
+    if x2d.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], qw.N)
+    from cutlass_ops.orchestrator import linear_w8a8 as _impl
+    out = _impl(x2d, qw, None if bias is None else bias.contiguous(), act, path=path)
+    return out.reshape(*x.shape[:-1], qw.N)
+
+
+def _check_int8_operands(A, B, a_name: str, b_name: str) -> None:
+    check_dtype(A, a_name, (torch.int8,))
+    check_dtype(B, b_name, (torch.int8,))
+    check_ndim(A, a_name, 2, "[M, K]")
+    check_ndim(B, b_name, 2, "[N, K]")
+    if A.shape[1] != B.shape[1]:
+        raise ValueError(f"{a_name} [M, K] and {b_name} [N, K] disagree on K: "
+                         f"{tuple(A.shape)} vs {tuple(B.shape)}")
+
+
+def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch=None, out_dtype=None,
+              **epilogue_args) -> torch.Tensor:
+    """D[M, N] = epilogue(A[M, K] @ B[N, K]^T) with int8 A, B and an int32 accumulator (CUTLASS)."""
+    _check_int8_operands(A, B, "A", "B")
+    if not isinstance(epilogue, str) or not epilogue:
+        raise TypeError(f"epilogue must be a non-empty str naming a registered epilogue, got {epilogue!r}")
+    arch = _check_arch(arch)
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise TypeError(f"out_dtype must be None or a torch.dtype, got {type(out_dtype).__name__}")
+    tensors = {name: v for name, v in epilogue_args.items() if isinstance(v, torch.Tensor)}
+    _check_devices("int8_gemm", "A", A, {"B": B, **tensors})
+    from cutlass_ops.gemm import int8_gemm as _impl
+    return _impl(A.contiguous(), B.contiguous(), epilogue, arch=arch, out_dtype=out_dtype, **epilogue_args)
+
+
+def int8_gemm_requant(A_q: torch.Tensor, W_q: torch.Tensor, M_scale: torch.Tensor, fused_bias: torch.Tensor,
+                      *, clamp: tuple[int, int] = (-128, 127), arch=None) -> torch.Tensor:
+    """O_q[M, N] = clamp(round(M_scale * (A_q @ W_q^T + fused_bias))) as int8 (ConvInt8 requant).
+
+    M_scale and fused_bias: float32 [N] (see ``formats.requant_params``).
+    """
+    _check_int8_operands(A_q, W_q, "A_q", "W_q")
+    N = W_q.shape[0]
+    for name, t in (("M_scale", M_scale), ("fused_bias", fused_bias)):
+        check_dtype(t, name, (torch.float32,))
+        check_shape(t, name, (N,), "[N]")
+    if not isinstance(clamp, (tuple, list)) or len(clamp) != 2:
+        raise TypeError(f"clamp must be a pair (min, max), got {clamp!r}")
+    lo, hi = (check_int(v, "clamp") for v in clamp)
+    if not -128 <= lo <= hi <= 127:
+        raise ValueError(f"clamp must satisfy -128 <= min <= max <= 127, got {tuple(clamp)}")
+    arch = _check_arch(arch)
+    _check_devices("int8_gemm_requant", "A_q", A_q,
+                   {"W_q": W_q, "M_scale": M_scale, "fused_bias": fused_bias})
+    from cutlass_ops.gemm import int8_gemm_requant as _impl
+    return _impl(A_q.contiguous(), W_q.contiguous(), M_scale.contiguous(), fused_bias.contiguous(),
+                 clamp=(lo, hi), arch=arch)

@@ -1,0 +1,351 @@
+"""Quantized formats: the shared ``QuantizedWeight`` layout, quantizers, int4 packing, QuantA.
+
+Pure torch (no GPU runtime): everything here also runs on a machine without a GPU.
+
+Conventions (see the shared data format in the project notes):
+- A weight W is [N, K]; D[M, N] = A[M, K] @ W^T. A conv weight [Co, Ci, Kh, Kw] is stored as
+  [Co, Kh, Kw, Ci] and flattened to N = Co, K = Kh*Kw*Ci, with blocks along Ci.
+- Per K block of ``block_size`` elements (G = K // block_size groups per row):
+  offset form w = q * scale + offset; zero-point form w = scale * (q - z), offset = -scale * z.
+- int4 values q in [-8, 7] are stored as u = q + 8, two per byte.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from cutlass_ops._validate import (
+    FLOAT_DTYPES, check_bits, check_block_size, check_dtype, check_int, check_int4_K, check_ndim,
+    check_shape, check_tensor,
+)
+
+INT4_ORDERS = ("interleaved", "low_first", "high_first")
+
+# Nibble i (bits 4i..4i+3) of each 32-bit word holds element INT4_INTERLEAVE[i] of its 8 K elements:
+# the lop3 int4->fp16 converter extracts nibbles (0,4), (1,5), (2,6), (3,7) as the fp16 pairs
+# (e0,e1), (e2,e3), (e4,e5), (e6,e7), so e0..e7 must sit in nibbles 0,4,1,5,2,6,3,7.
+INT4_INTERLEAVE = (0, 2, 4, 6, 1, 3, 5, 7)
+# Element j of the 8 sits in nibble INT4_DEINTERLEAVE[j] (the inverse permutation).
+INT4_DEINTERLEAVE = (0, 4, 1, 5, 2, 6, 3, 7)
+
+
+def _qrange(bits: int) -> tuple[int, int]:
+    return (-128, 127) if bits == 8 else (-8, 7)
+
+
+# --------------------------------------------------------------------------------------------
+# int4 packing
+# --------------------------------------------------------------------------------------------
+
+def _check_order(order) -> str:
+    if order not in INT4_ORDERS:
+        raise ValueError(f"order must be one of {list(INT4_ORDERS)}, got {order!r}")
+    return order
+
+
+def pack_int4(q: torch.Tensor, order: str = "interleaved") -> torch.Tensor:
+    """Pack signed int4 values q [..., K] (in [-8, 7]) into uint8 [..., K // 2] as u = q + 8.
+
+    order: "interleaved" (the lop3 converter's order, K % 8 == 0), "low_first" (element 2j in
+    the low nibble of byte j) or "high_first" (element 2j in the high nibble of byte j).
+    """
+    _check_order(order)
+    check_tensor(q, "q")
+    if q.dtype.is_floating_point or q.dtype.is_complex or q.dtype == torch.bool:
+        raise TypeError(f"q must have an integer dtype, got {q.dtype}")
+    if q.dim() < 1:
+        raise ValueError("q must have at least one dimension (K last)")
+    K = q.shape[-1]
+    if order == "interleaved":
+        check_int4_K(K, "q.shape[-1]")
+    elif K % 2 != 0:
+        raise ValueError(f"q.shape[-1] must be even to pack two int4 values per byte, got K={K}")
+    if q.numel() and (int(q.min()) < -8 or int(q.max()) > 7):
+        raise ValueError(f"q values must lie in [-8, 7], got [{int(q.min())}, {int(q.max())}]")
+    u = (q.to(torch.int32) + 8)
+    if order == "interleaved":
+        u = u.reshape(*q.shape[:-1], K // 8, 8)[..., list(INT4_INTERLEAVE)].reshape(q.shape)
+    first, second = u[..., 0::2], u[..., 1::2]
+    if order == "high_first":
+        packed = (first << 4) | second
+    else:  # interleaved nibbles are laid out low nibble first within each byte (little-endian words)
+        packed = first | (second << 4)
+    return packed.to(torch.uint8)
+
+
+def unpack_int4(packed: torch.Tensor, order: str = "interleaved") -> torch.Tensor:
+    """Inverse of ``pack_int4``: uint8 [..., K // 2] -> int8 q [..., K] in [-8, 7]."""
+    _check_order(order)
+    check_dtype(packed, "packed", (torch.uint8,))
+    if packed.dim() < 1:
+        raise ValueError("packed must have at least one dimension")
+    p = packed.to(torch.int32)
+    low, high = p & 0xF, p >> 4
+    first, second = (high, low) if order == "high_first" else (low, high)
+    u = torch.stack((first, second), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+    if order == "interleaved":
+        K = u.shape[-1]
+        check_int4_K(K, "2 * packed.shape[-1]")
+        u = u.reshape(*u.shape[:-1], K // 8, 8)[..., list(INT4_DEINTERLEAVE)].reshape(u.shape)
+    return (u - 8).to(torch.int8)
+
+
+# --------------------------------------------------------------------------------------------
+# zero point <-> offset
+# --------------------------------------------------------------------------------------------
+
+def offset_to_zero_point(offset: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """z such that scale * (q - z) == q * scale + offset, i.e. z = -offset / scale."""
+    return -offset / scale
+
+
+def zero_point_to_offset(zero_point: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """offset such that q * scale + offset == scale * (q - z), i.e. offset = -scale * z."""
+    return -scale * zero_point
+
+
+# --------------------------------------------------------------------------------------------
+# QuantizedWeight
+# --------------------------------------------------------------------------------------------
+
+@dataclass(eq=False)  # tensor fields: compare with torch.equal, not ==
+class QuantizedWeight:
+    """A weight W [N, K] quantized per block of ``block_size`` along K (offset form).
+
+    bits=8: ``qweight`` int8 [N, K]. bits=4: ``qweight`` uint8 [N, K // 2], u = q + 8 packed in
+    the interleaved order (``INT4_INTERLEAVE``). ``scale``/``offset``: float32 [N, K // block_size].
+    ``conv_shape`` = (Co, Kh, Kw, Ci) for a conv weight stored as [Co, Kh, Kw, Ci], else None.
+    """
+
+    qweight: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor
+    bits: int
+    block_size: int
+    N: int
+    K: int
+    conv_shape: tuple[int, int, int, int] | None = None
+    symmetric: bool = True
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field against the format (ValueError/TypeError naming the field)."""
+        check_bits(self.bits, "QuantizedWeight.bits")
+        N = check_int(self.N, "QuantizedWeight.N", minimum=1)
+        K = check_int(self.K, "QuantizedWeight.K", minimum=1)
+        check_int(self.block_size, "QuantizedWeight.block_size", minimum=1)
+        check_block_size(self.block_size, K, "QuantizedWeight.block_size", "K")
+        if self.bits == 8:
+            check_dtype(self.qweight, "QuantizedWeight.qweight", (torch.int8,))
+            check_shape(self.qweight, "QuantizedWeight.qweight", (N, K), "[N, K]")
+        else:
+            check_int4_K(K, "QuantizedWeight.K")
+            check_dtype(self.qweight, "QuantizedWeight.qweight", (torch.uint8,))
+            check_shape(self.qweight, "QuantizedWeight.qweight", (N, K // 2), "[N, K // 2]")
+        G = K // self.block_size
+        for name in ("scale", "offset"):
+            t = getattr(self, name)
+            check_dtype(t, f"QuantizedWeight.{name}", (torch.float32,))
+            check_shape(t, f"QuantizedWeight.{name}", (N, G), "[N, K // block_size]")
+        if self.conv_shape is not None:
+            Co, Kh, Kw, Ci = self.conv_shape
+            if Co != N or Kh * Kw * Ci != K:
+                raise ValueError(f"QuantizedWeight.conv_shape={self.conv_shape} does not flatten to "
+                                 f"[N={N}, K={K}]")
+            check_block_size(self.block_size, Ci, "QuantizedWeight.block_size", "Ci")
+            self.conv_shape = (int(Co), int(Kh), int(Kw), int(Ci))
+
+    @property
+    def num_groups(self) -> int:
+        """G = K // block_size quantization groups per row."""
+        return self.K // self.block_size
+
+    @property
+    def device(self) -> torch.device:
+        return self.qweight.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by qweight, scale and offset."""
+        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scale, self.offset))
+
+    def int_values(self) -> torch.Tensor:
+        """The integer values q as int32 [N, K] (unpacked and de-interleaved for int4)."""
+        if self.bits == 8:
+            return self.qweight.to(torch.int32)
+        return unpack_int4(self.qweight, "interleaved").to(torch.int32)
+
+    def zero_point(self) -> torch.Tensor:
+        """Zero points z = -offset / scale, float32 [N, G]."""
+        return offset_to_zero_point(self.offset, self.scale)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32, *, flat: bool = False) -> torch.Tensor:
+        """w = q * scale + offset as ``dtype``: [N, K], or [Co, Ci, Kh, Kw] for a conv weight.
+
+        flat=True returns the stored [N, K] view also for a conv weight ([Co, Kh*Kw*Ci]).
+        """
+        q = self.int_values().to(dtype).reshape(self.N, self.num_groups, self.block_size)
+        w = q * self.scale.to(dtype)[..., None] + self.offset.to(dtype)[..., None]
+        w = w.reshape(self.N, self.K)
+        if self.conv_shape is not None and not flat:
+            w = w.reshape(self.conv_shape).permute(0, 3, 1, 2).contiguous()
+        return w
+
+    def to(self, device) -> "QuantizedWeight":
+        """A copy with qweight, scale and offset on ``device``."""
+        return dataclasses.replace(self, qweight=self.qweight.to(device), scale=self.scale.to(device),
+                                   offset=self.offset.to(device))
+
+
+# --------------------------------------------------------------------------------------------
+# Weight quantization
+# --------------------------------------------------------------------------------------------
+
+def _quantize_blocks(w: torch.Tensor, bits: int, block_size: int, symmetric: bool):
+    """w [N, K] float -> (q int32 [N, K], scale f32 [N, G], offset f32 [N, G])."""
+    N, K = w.shape
+    qmin, qmax = _qrange(bits)
+    wb = w.to(torch.float64).reshape(N, K // block_size, block_size)
+    if symmetric:
+        scale = (wb.abs().amax(dim=-1) / qmax).to(torch.float32)
+        # All-zero block (or one whose scale underflows float32): any scale reproduces it; use 1.
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        offset = torch.zeros_like(scale)
+    else:
+        w_max, w_min = wb.amax(dim=-1), wb.amin(dim=-1)
+        scale = ((w_max - w_min) / (2 ** bits - 1)).to(torch.float32)
+        zero_range = scale == 0
+        scale = torch.where(zero_range, torch.ones_like(scale), scale)
+        # w_max maps to qmax, so w_min maps to qmax - (2^bits - 1) = qmin.
+        offset = torch.where(zero_range, w_max, w_max - qmax * scale.to(torch.float64)).to(torch.float32)
+    # q from the stored float32 scale/offset so that dequantization meets |w - deq| <= scale / 2.
+    q = torch.round((wb - offset.to(torch.float64)[..., None]) / scale.to(torch.float64)[..., None])
+    q = q.clamp(qmin, qmax).to(torch.int32).reshape(N, K)
+    return q, scale, offset
+
+
+def _check_weight_args(w, name: str, ndim: int, layout: str, bits, symmetric) -> None:
+    check_dtype(w, name, FLOAT_DTYPES + (torch.float64,))
+    check_ndim(w, name, ndim, layout)
+    check_bits(bits)
+    if not isinstance(symmetric, bool):
+        raise TypeError(f"symmetric must be a bool, got {type(symmetric).__name__}")
+    if w.numel() and not bool(torch.isfinite(w).all()):
+        raise ValueError(f"{name} contains NaN or Inf")
+
+
+def _pack(q: torch.Tensor, bits: int) -> torch.Tensor:
+    return q.to(torch.int8) if bits == 8 else pack_int4(q, "interleaved")
+
+
+def quantize_weight(w: torch.Tensor, *, bits: int = 8, block_size: int | None = 128,
+                    symmetric: bool = True) -> QuantizedWeight:
+    """Quantize w [N, K] per block of ``block_size`` along K (None => per output channel).
+
+    symmetric: scale = absmax / qmax (qmax 127 or 7), offset = 0.
+    asymmetric: scale = (max - min) / (2^bits - 1), offset = max - qmax * scale.
+    q = clamp(round_half_even((w - offset) / scale), qmin, qmax). A zero block (symmetric) or a
+    zero-range block (asymmetric) gets scale 1 (and offset = max), so it round-trips exactly.
+    """
+    _check_weight_args(w, "w", 2, "[N, K]", bits, symmetric)
+    N, K = w.shape
+    block_size = check_block_size(block_size, K)
+    if bits == 4:
+        check_int4_K(K, "w.shape[1]")
+    q, scale, offset = _quantize_blocks(w, bits, block_size, symmetric)
+    return QuantizedWeight(_pack(q, bits), scale, offset, bits, block_size, N, K, None, symmetric)
+
+
+def quantize_conv_weight(w: torch.Tensor, *, bits: int = 8, block_size: int | None = None,
+                         symmetric: bool = True) -> QuantizedWeight:
+    """Quantize a conv weight [Co, Ci, Kh, Kw]: stored as [Co, Kh, Kw, Ci] = [N, K = Kh*Kw*Ci].
+
+    Blocks run along Ci; ``block_size`` must divide Ci. None => one block per (co, kh, kw) over
+    the whole Ci (G = Kh*Kw groups per output channel).
+    """
+    _check_weight_args(w, "w", 4, "[Co, Ci, Kh, Kw]", bits, symmetric)
+    Co, Ci, Kh, Kw = w.shape
+    block_size = check_block_size(block_size, Ci, "block_size", "Ci")
+    K = Kh * Kw * Ci
+    if bits == 4:
+        check_int4_K(K, "w: Kh*Kw*Ci")
+    w_nk = w.permute(0, 2, 3, 1).reshape(Co, K)
+    q, scale, offset = _quantize_blocks(w_nk, bits, block_size, symmetric)
+    return QuantizedWeight(_pack(q, bits), scale, offset, bits, block_size, Co, K, (Co, Kh, Kw, Ci),
+                           symmetric)
+
+
+# --------------------------------------------------------------------------------------------
+# Activation quantization (QuantA, scheme 2)
+# --------------------------------------------------------------------------------------------
+
+def quantize_activation_reference(x: torch.Tensor, block_size: int | None = None):
+    """QuantA per row and per K block: (A_q int8 [M,K], scale f32 [M,G], offset f32 [M,G], sum_q int32 [M,G]).
+
+    Evaluated in float32, one IEEE-rounded operation at a time, in the kernels' order (no FMA):
+      scale  = (max - min) / 255
+      offset = max - (scale * 127)
+      q      = clamp(rint((x - offset) / scale), -128, 127)   (rint: round half to even)
+    A zero-range block (scale == 0, i.e. max == min) gets scale = 1 and offset = max, so q = 0
+    reproduces it exactly. sum_q is the int32 sum of q over the block.
+    """
+    check_dtype(x, "x", FLOAT_DTYPES)
+    check_ndim(x, "x", 2, "[M, K]")
+    M, K = x.shape
+    block_size = check_block_size(block_size, K)
+    G = K // block_size
+    xb = x.to(torch.float32).reshape(M, G, block_size)
+    if xb.numel() and not bool(torch.isfinite(xb).all()):
+        raise ValueError("x contains NaN or Inf")
+    x_max, x_min = xb.amax(dim=-1), xb.amin(dim=-1)
+    # Tensor / tensor division: torch's CPU scalar-division path may multiply by a reciprocal.
+    scale = (x_max - x_min) / torch.full_like(x_max, 255.0)
+    offset = x_max - scale * 127.0
+    zero_range = scale == 0
+    scale = torch.where(zero_range, torch.ones_like(scale), scale)
+    offset = torch.where(zero_range, x_max, offset)
+    q = torch.round((xb - offset[..., None]) / scale[..., None]).clamp(-128, 127)
+    A_q = q.to(torch.int8).reshape(M, K)
+    sum_q = q.to(torch.int32).sum(dim=-1, dtype=torch.int32)
+    return A_q, scale, offset, sum_q
+
+
+# --------------------------------------------------------------------------------------------
+# Requantization parameters (ConvInt8: int8 in, int8 out)
+# --------------------------------------------------------------------------------------------
+
+def _per_channel(v, name: str, N: int, f64: dict) -> torch.Tensor:
+    t = torch.as_tensor(v, **f64)
+    if t.dim() == 0:
+        return t.expand(N)
+    return check_shape(t, name, (N,), "[N]")
+
+
+def requant_params(S_I: float, Z_I: float, S_W, W_q: torch.Tensor, B_fp, S_O: float, Z_O: float):
+    """Fold input/weight/output quantization into (M [N], FusedBias [N]), float32.
+
+    With I_fp = S_I (I_q - Z_I), W_fp = S_W W_q (symmetric weights), O_q = O_fp / S_O + Z_O:
+      O_q = M * (Accum32 + FusedBias),  M = S_I * S_W / S_O,
+      FusedBias = -Z_I * sum_k W_q + B_fp / (S_I * S_W) + Z_O / M.
+    Computed in float64, returned as float32 (what the kernels consume). S_W: scalar or [N];
+    B_fp: None, scalar or [N].
+    """
+    check_dtype(W_q, "W_q", (torch.int8, torch.int32, torch.int64))
+    check_ndim(W_q, "W_q", 2, "[N, K]")
+    N = W_q.shape[0]
+    for name, v in (("S_I", S_I), ("S_O", S_O)):
+        if float(v) == 0.0:
+            raise ValueError(f"{name} must be nonzero, got {v}")
+    f64 = dict(dtype=torch.float64, device=W_q.device)
+    S_W = _per_channel(S_W, "S_W", N, f64)
+    if bool((S_W == 0).any()):
+        raise ValueError("S_W must be nonzero")
+    B = torch.zeros(N, **f64) if B_fp is None else _per_channel(B_fp, "B_fp", N, f64)
+    M = float(S_I) * S_W / float(S_O)
+    sum_w = W_q.to(torch.int64).sum(dim=1).to(torch.float64)
+    fused_bias = -float(Z_I) * sum_w + B / (float(S_I) * S_W) + float(Z_O) / M
+    return M.to(torch.float32), fused_bias.to(torch.float32)
