@@ -11,16 +11,20 @@ import os
 import tempfile
 from pathlib import Path
 
-import platformdirs
-
 ENV_VAR = "CUTLASS_OPS_CACHE_DIR"
 
 
 def cache_root() -> Path:
     """The root of the cache: ``$CUTLASS_OPS_CACHE_DIR`` or the user's cache directory."""
     override = os.environ.get(ENV_VAR)
-    root = Path(override) if override else Path(platformdirs.user_cache_dir("cutlass_ops"))
-    return root.expanduser().resolve()
+    if override:
+        return Path(override).expanduser().resolve()
+    try:
+        import platformdirs
+    except ImportError:  # e.g. a bare GPU image: follow the XDG rule platformdirs uses on Linux
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return (Path(base) / "cutlass_ops").expanduser().resolve()
+    return Path(platformdirs.user_cache_dir("cutlass_ops")).expanduser().resolve()
 
 
 def cache_dir(*parts: str) -> Path:
