@@ -1,0 +1,276 @@
+"""Scheme 2 (W8A8 per K block) as ONE fused NVRTC kernel: ``custom_kernels/kernels/w8a8_kblock_fused.cu``.
+
+    D[m, n] = act( sum_i [ sA*sB*Cq_i + sA*oB*sumA_i + oA*sB*sumB_i + bs*oA*oB ] + bias[n] )
+
+A = QuantA(x) per row and K block (asymmetric, offset form), B = the int8 weight per column and
+K block (offset form), Cq_i = int32 dot product of block i. The kernel runs int8 mma.sync tiles
+and promotes each block's int32 sum into fp32 accumulators; nothing but D is written.
+
+Per weight, ``prepare_weight_w8a8`` builds (once, cached on the weight object) the GPU copy of
+B_q and bvec[g, n] = (sB, oB, q = sB*sumB + bs*oB, 0) as float32 [G, N, 4].
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from cutlass_ops._validate import check_dtype, check_ndim, check_shape, parse_activation
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "BLOCK_SIZES", "TILE_CONFIGS", "TileConfig", "choose_config", "prepare_weight_w8a8",
+    "quantize_activation_torch", "linear_w8a8_fused",
+]
+
+KERNEL_FILE = "w8a8_kblock_fused.cu"
+KERNEL_NAME = "w8a8_kblock_gemm"
+# A_q, sA, oA, sumA, B_q, bvec, bias, D, M, N, K, G, act, out_kind
+SIGNATURE = "PPPPPPPPiiiiii"
+BLOCK_SIZES = (32, 64, 128, 256)  # |Cq| <= 2^22 (the kernel's exact int->float trick) needs bs <= 256
+OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_PREP_ATTR = "_w8a8_fused_prep"
+_DEFAULT_SMEM = 48 * 1024  # dynamic shared memory a launch gets without opting in
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """One compiled variant of the kernel: CTA tile BM x BN, K tile BK, warp grid, pipeline depth."""
+
+    name: str
+    BM: int
+    BN: int
+    BK: int
+    warps_m: int
+    warps_n: int
+    stages: int
+    min_blocks: int
+    offset_lag: int = 1  # offset terms one k-step after the int32 -> fp32 step (spreads FP work)
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps_m * self.warps_n
+
+    def smem_bytes(self, block_size: int) -> int:
+        """Dynamic shared memory of one CTA (the formula in the .cu file's header)."""
+        slots = max(1, self.BK // block_size)
+        return self.stages * (self.BM * self.BK + self.BN * self.BK + 16 * (self.BM + self.BN) * slots) \
+            + 16 * (self.BM + self.BN)
+
+    def defines(self, block_size: int) -> dict[str, int]:
+        return {
+            "W8A8_BLOCK_SIZE": block_size, "W8A8_BM": self.BM, "W8A8_BN": self.BN, "W8A8_BK": self.BK,
+            "W8A8_WARPS_M": self.warps_m, "W8A8_WARPS_N": self.warps_n, "W8A8_STAGES": self.stages,
+            "W8A8_MIN_BLOCKS": self.min_blocks, "W8A8_OFFSET_LAG": self.offset_lag,
+        }
+
+
+TILE_CONFIGS: dict[str, TileConfig] = {c.name: c for c in (
+    TileConfig("L", BM=128, BN=128, BK=64, warps_m=2, warps_n=4, stages=4, min_blocks=1),
+    TileConfig("L128", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=3, min_blocks=1),
+    TileConfig("M", BM=64, BN=128, BK=64, warps_m=2, warps_n=2, stages=4, min_blocks=2),
+    TileConfig("S", BM=32, BN=64, BK=128, warps_m=1, warps_n=4, stages=4, min_blocks=2),
+    TileConfig("T", BM=16, BN=64, BK=128, warps_m=1, warps_n=4, stages=6, min_blocks=2),
+    TileConfig("T32", BM=16, BN=32, BK=128, warps_m=1, warps_n=2, stages=6, min_blocks=4),
+)}
+
+
+def choose_config(M: int, N: int) -> str:
+    """Tile variant for an M x N output: the smallest M tile that covers M, up to 128."""
+    del N  # every variant keeps >= 1 CTA per SM at N = 8192; N-dependent choices need tuning data
+    if M <= 16:
+        return "T"
+    if M <= 32:
+        return "S"
+    if M <= 128:
+        return "M"
+    return "L"
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_for(config_name: str, block_size: int, device_index: int):
+    """(Kernel, dynamic smem bytes) of one variant, compiled for the device and ready to launch."""
+    from cutlass_ops.ops._loader import load_kernel, target_arch
+
+    cfg = TILE_CONFIGS[config_name]
+    with torch.cuda.device(device_index):
+        kernel = load_kernel(KERNEL_FILE, KERNEL_NAME, SIGNATURE, cfg.defines(block_size),
+                             arch=target_arch(device_index))
+    smem = cfg.smem_bytes(block_size)
+    if smem > _DEFAULT_SMEM:
+        kernel.set_max_dynamic_smem(smem)
+    return kernel, smem
+
+
+@functools.lru_cache(maxsize=1)
+def _activation_quantizer():
+    """The QuantA GPU kernel when its module exists, else the torch version below."""
+    try:
+        from cutlass_ops.ops.quant import quantize_activation_gpu
+    except ImportError:
+        log.info("cutlass_ops.ops.quant is not available; quantizing activations with torch ops")
+        return quantize_activation_torch
+    return quantize_activation_gpu
+
+
+def quantize_activation_torch(x2d: torch.Tensor, block_size: int):
+    """QuantA with torch ops on x's device: (A_q int8 [M,K], scale f32 [M,G], offset f32 [M,G], sum_q int32 [M,G]).
+
+    The same IEEE-rounded float32 operations, in the same order, as
+    ``formats.quantize_activation_reference`` (so the results are bit-identical to it):
+    scale = (max - min) / 255, offset = max - scale * 127, zero-range blocks get scale 1 and
+    offset max, q = clamp(round_half_even((x - offset) / scale), -128, 127).
+    """
+    M, K = x2d.shape
+    G = K // block_size
+    xb = x2d.to(torch.float32).reshape(M, G, block_size)
+    x_max, x_min = xb.amax(dim=-1), xb.amin(dim=-1)
+    scale = (x_max - x_min) / torch.full_like(x_max, 255.0)
+    offset = x_max - scale * 127.0
+    zero_range = scale == 0
+    scale = torch.where(zero_range, torch.ones_like(scale), scale)
+    offset = torch.where(zero_range, x_max, offset)
+    q = torch.round((xb - offset[..., None]) / scale[..., None]).clamp_(-128, 127).to(torch.int8)
+    sum_q = q.sum(dim=-1, dtype=torch.int32)
+    return q.reshape(M, K), scale, offset, sum_q
+
+
+def _check_block_size(block_size: int, K: int) -> None:
+    if block_size not in BLOCK_SIZES:
+        raise ValueError(f"the fused W8A8 kernel needs block_size in {BLOCK_SIZES}, got block_size={block_size}")
+    if K % block_size != 0 or K % 16 != 0:
+        raise ValueError(f"K={K} must be a multiple of block_size={block_size} and of 16")
+
+
+def _weight_key(qw, device: torch.device) -> tuple:
+    """What the prepared copy depends on: device, storage and in-place version of each tensor."""
+    return (str(device),) + tuple((t.data_ptr(), t._version) for t in (qw.qweight, qw.scale, qw.offset))
+
+
+def prepare_weight_w8a8(qw, device=None) -> dict:
+    """Per-weight data of the fused kernel, built once and cached on ``qw`` (an attribute).
+
+    qw: a bits=8 ``QuantizedWeight`` (qweight int8 [N, K], scale/offset float32 [N, G]).
+    Returns {"B_q": int8 [N, K], "bvec": float32 [G, N, 4] = (sB, oB, sB*sumB + bs*oB, 0),
+    "sumB": int32 [N, G], "N", "K", "G", "block_size", "device"} with tensors on ``device``
+    (default: the weight's CUDA device, else the current CUDA device). The cache is rebuilt when
+    the weight's tensors are replaced or modified in place.
+    """
+    if getattr(qw, "bits", None) != 8:
+        raise ValueError(f"qw must be an int8 weight (bits=8), got bits={getattr(qw, 'bits', None)!r}")
+    N, K, bs = qw.N, qw.K, qw.block_size
+    _check_block_size(bs, K)
+    check_dtype(qw.qweight, "qw.qweight", (torch.int8,))
+    check_shape(qw.qweight, "qw.qweight", (N, K), "[N, K]")
+    if device is None:
+        device = qw.qweight.device if qw.qweight.is_cuda else torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    key = _weight_key(qw, device)
+    cached = getattr(qw, _PREP_ATTR, None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+
+    G = K // bs
+    B_q = qw.qweight.to(device).contiguous()
+    sumB = B_q.reshape(N, G, bs).sum(dim=-1, dtype=torch.int32)
+    sB = qw.scale.to(device, torch.float32)
+    oB = qw.offset.to(device, torch.float32)
+    # q in float64, rounded once to float32 (the kernel multiplies it by oA)
+    q = (sB.double() * sumB.double() + bs * oB.double()).float()
+    bvec = torch.stack((sB, oB, q, torch.zeros_like(q)), dim=-1).transpose(0, 1).contiguous()  # [G, N, 4]
+    prep = {"B_q": B_q, "bvec": bvec, "sumB": sumB, "N": N, "K": K, "G": G, "block_size": bs, "device": device}
+    # object.__setattr__: also works on frozen dataclasses; the cache is an attribute of qw itself
+    object.__setattr__(qw, _PREP_ATTR, (key, prep))
+    return prep
+
+
+def _check_quantized_A(quantized_A, M: int, K: int, G: int, device: torch.device):
+    if not isinstance(quantized_A, (tuple, list)) or len(quantized_A) != 4:
+        raise TypeError("quantized_A must be a tuple (A_q, scale, offset, sum_q) as quantize_activation returns")
+    A_q, sA, oA, sumA = quantized_A
+    for t, name, dtype, shape, layout in ((A_q, "A_q", torch.int8, (M, K), "[M, K]"),
+                                          (sA, "scale", torch.float32, (M, G), "[M, G]"),
+                                          (oA, "offset", torch.float32, (M, G), "[M, G]"),
+                                          (sumA, "sum_q", torch.int32, (M, G), "[M, G]")):
+        check_dtype(t, f"quantized_A {name}", (dtype,))
+        check_shape(t, f"quantized_A {name}", shape, layout)
+        if t.device != device:
+            raise ValueError(f"quantized_A {name} is on {t.device}, expected {device}")
+    A_q = A_q.contiguous()
+    if A_q.data_ptr() % 16:  # 16-byte cp.async copies
+        A_q = A_q.clone()
+    return A_q, sA.contiguous(), oA.contiguous(), sumA.contiguous()
+
+
+def linear_w8a8_fused(x2d: torch.Tensor | None, qw, bias: torch.Tensor | None = None, act=0, *,
+                      quantized_A=None, out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+                      config: str | None = None) -> torch.Tensor:
+    """D [M, N] = act(QuantA(x2d) (*) qw + bias), scheme 2, in one kernel launch; D in x2d.dtype.
+
+    x2d: CUDA [M, K] float16/bfloat16/float32 (may be None when ``quantized_A`` and ``out_dtype``
+    are given). quantized_A: optional precomputed (A_q, scale, offset, sum_q) of x2d with
+    block_size = qw.block_size. act: 0/1/2 or None/"relu"/"relu6". out: optional contiguous
+    [M, N] output to write. config: force a tile variant (a key of TILE_CONFIGS).
+    """
+    if x2d is not None:
+        check_dtype(x2d, "x2d", tuple(OUT_KIND))
+        check_ndim(x2d, "x2d", 2, "[M, K]")
+        M, K = x2d.shape
+        device = x2d.device
+        out_dtype = x2d.dtype if out_dtype is None else out_dtype
+    elif quantized_A is None:
+        raise TypeError("linear_w8a8_fused needs x2d or quantized_A")
+    else:
+        M, K = quantized_A[0].shape
+        device = quantized_A[0].device
+    if out_dtype not in OUT_KIND:
+        raise TypeError(f"out_dtype must be float32, float16 or bfloat16, got {out_dtype}")
+    if K != qw.K:
+        raise ValueError(f"x2d has K={K} columns but qw has K={qw.K}")
+    bs = qw.block_size
+    _check_block_size(bs, K)
+    act = parse_activation(act, "act")
+    N, G = qw.N, K // bs
+    if bias is not None:
+        check_dtype(bias, "bias", tuple(OUT_KIND))
+        check_shape(bias, "bias", (N,), "[N]")
+    if config is not None and config not in TILE_CONFIGS:
+        raise ValueError(f"config must be one of {sorted(TILE_CONFIGS)}, got {config!r}")
+    if device.type != "cuda":
+        raise ValueError(f"x2d must be a CUDA tensor, got a tensor on {device}")
+
+    prep = prepare_weight_w8a8(qw, device)
+    if out is None:
+        out = torch.empty(M, N, dtype=out_dtype, device=device)
+    else:
+        check_dtype(out, "out", (out_dtype,))
+        check_shape(out, "out", (M, N), "[M, N]")
+        if out.device != device or not out.is_contiguous() or out.data_ptr() % 16:
+            raise ValueError("out must be a contiguous, 16-byte aligned tensor on x2d's device")
+    if M == 0:
+        return out
+
+    if quantized_A is None:
+        x2d = x2d.contiguous()
+        quantized_A = _activation_quantizer()(x2d, bs)
+    A_q, sA, oA, sumA = _check_quantized_A(quantized_A, M, K, G, device)
+    if bias is not None:
+        if bias.device != device:
+            raise ValueError(f"bias is on {bias.device}, expected {device}")
+        bias = bias.to(torch.float32).contiguous()
+
+    cfg = TILE_CONFIGS[config or choose_config(M, N)]
+    current = torch.cuda.current_device()
+    index = current if device.index is None else device.index
+    kernel, smem = _kernel_for(cfg.name, bs, index)
+    grid = (-(-M // cfg.BM) * -(-N // cfg.BN),)
+    args = (A_q, sA, oA, sumA, prep["B_q"], prep["bvec"], bias, out, M, N, K, G, act, OUT_KIND[out_dtype])
+    if index == current:
+        kernel.launch(grid, (cfg.threads,), args, smem=smem)
+    else:
+        with torch.cuda.device(index):
+            kernel.launch(grid, (cfg.threads,), args, smem=smem)
+    return out

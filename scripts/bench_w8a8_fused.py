@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Benchmark of the fused scheme-2 W8A8 kernel (cutlass_ops/ops/w8a8_fused.py) vs torch._int_mm.
+
+For each M (default 16, 256, 4096) with N = K = 8192 and block_size 128: the kernel time of every
+tile variant (CUDA graph of repeated launches, median of triton.testing.do_bench), its TOPS
+(2*M*N*K / t), the eager Python call (host overhead included), the full call with activation
+quantization, and torch._int_mm on the same int8 operands (per-channel reference point: int32
+out, no scaling; it needs M > 16, so M = 16 is timed at M = 32). Each variant's output is
+checked against a float64 evaluation of the 4-term formula on a sample of rows.
+Markdown table to stdout and to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from cutlass_ops.formats import QuantizedWeight  # noqa: E402
+from cutlass_ops.ops.w8a8_fused import (  # noqa: E402
+    TILE_CONFIGS, _activation_quantizer, choose_config, linear_w8a8_fused, prepare_weight_w8a8,
+)
+
+
+def bench_ms(fn, reps_per_call: int = 1) -> float:
+    """Median milliseconds of fn() / reps_per_call (triton's do_bench; CUDA events otherwise)."""
+    try:
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=50, rep=300, return_mode="median") / reps_per_call
+    except ImportError:
+        for _ in range(5):
+            fn()
+        times = []
+        for _ in range(30):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2] / reps_per_call
+
+
+def graph_of(fn, reps: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of `reps` calls of fn (launch gaps and host overhead removed)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up outside the capture (compiles, caches)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(reps):
+                fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return graph
+
+
+def sample_error(D: torch.Tensor, quantized_A, qw: QuantizedWeight, rows: torch.Tensor) -> float:
+    """max |D - ref| / max |ref| over `rows`, ref = the 4-term formula in float64."""
+    A_q, sA, oA, sumA = (t[rows].double() for t in quantized_A)
+    bs, G = qw.block_size, qw.K // qw.block_size
+    B_q = qw.qweight.double()
+    sumB = qw.qweight.to(torch.int32).reshape(qw.N, G, bs).sum(-1).double()
+    sB, oB = qw.scale.double(), qw.offset.double()
+    ref = torch.zeros(len(rows), qw.N, dtype=torch.float64, device=D.device)
+    for g in range(G):
+        k = slice(g * bs, (g + 1) * bs)
+        Cq = A_q[:, k] @ B_q[:, k].T
+        ref += (sA[:, g, None] * sB[None, :, g] * Cq + (sA[:, g] * sumA[:, g])[:, None] * oB[None, :, g]
+                + oA[:, g, None] * (sB[:, g] * sumB[:, g] + bs * oB[:, g])[None, :])
+    return float((D[rows].double() - ref).abs().max() / ref.abs().max())
+
+
+def run(Ms, N, K, block_size, configs, reps) -> list[dict]:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    G = K // block_size
+    qw = QuantizedWeight(torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8, device="cuda"),
+                         torch.rand(N, G, generator=gen, device="cuda") * 0.02 + 1e-3,
+                         torch.randn(N, G, generator=gen, device="cuda") * 0.05, 8, block_size, N, K, None, False)
+    prep = prepare_weight_w8a8(qw)
+    quantize = _activation_quantizer()
+    rows_out = []
+    for M in Ms:
+        x = torch.randn(M, K, generator=gen, device="cuda").half()
+        quantized_A = quantize(x, block_size)
+        out = torch.empty(M, N, dtype=torch.float16, device="cuda")
+        flops = 2.0 * M * N * K
+        # torch._int_mm: int8 [M, K] @ int8 [K, N] (B_q^T: a column-major view, no copy)
+        M_mm = max(M, 32)
+        A_mm = quantized_A[0] if M_mm == M else torch.randint(-128, 128, (M_mm, K), generator=gen,
+                                                             dtype=torch.int8, device="cuda")
+        B_t = prep["B_q"].t()
+        try:
+            torch._int_mm(A_mm, B_t)
+        except RuntimeError:  # a torch build that wants a row-major mat2
+            B_t = B_t.contiguous()
+        g_mm = graph_of(lambda: torch._int_mm(A_mm, B_t), reps)
+        t_mm = bench_ms(g_mm.replay, reps) * 1e3
+        default = choose_config(M, N)
+        sample = torch.arange(0, M, max(1, M // 64), device="cuda")
+        for name in configs:
+            call = lambda: linear_w8a8_fused(x, qw, None, 0, quantized_A=quantized_A, out=out, config=name)  # noqa: E731
+            g = graph_of(call, reps)
+            t_kernel = bench_ms(g.replay, reps) * 1e3
+            t_eager = bench_ms(call) * 1e3
+            out.fill_(float("nan"))
+            call()
+            err = sample_error(out, quantized_A, qw, sample)
+            t_full = bench_ms(lambda: linear_w8a8_fused(x, qw, None, 0, config=name)) * 1e3
+            rows_out.append(dict(M=M, N=N, K=K, bs=block_size, config=name + (" *" if name == default else ""),
+                                 kernel_us=t_kernel, tops=flops / (t_kernel * 1e-6) / 1e12, eager_us=t_eager,
+                                 full_us=t_full, int_mm_us=t_mm, int_mm_M=M_mm, ratio=t_kernel / t_mm, err=err))
+            print(rows_out[-1], file=sys.stderr, flush=True)
+    return rows_out
+
+
+def table(rows: list[dict], device_name: str) -> str:
+    lines = [f"## Fused scheme-2 W8A8 (per K block) on {device_name}", "",
+             "kernel = CUDA-graph median per launch; eager = one Python call with pre-quantized A (host "
+             "overhead included); full = quantize x (fp16) + kernel; int_mm = torch._int_mm on the same int8 "
+             "operands (int32 out, no scaling); ratio = kernel / int_mm (target <= 1.3); * = default variant.", "",
+             "| M | N | K | block | variant | kernel us | TOPS | eager us | full us | int_mm us | ratio | max rel err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mm = f"{r['int_mm_us']:.1f}" + ("" if r["int_mm_M"] == r["M"] else f" (M={r['int_mm_M']})")
+        lines.append(f"| {r['M']} | {r['N']} | {r['K']} | {r['bs']} | {r['config']} | {r['kernel_us']:.1f} | "
+                     f"{r['tops']:.0f} | {r['eager_us']:.1f} | {r['full_us']:.1f} | {mm} | {r['ratio']:.2f} | "
+                     f"{r['err']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
+    p.add_argument("--M", type=int, nargs="+", default=[16, 256, 4096])
+    p.add_argument("--N", type=int, default=8192)
+    p.add_argument("--K", type=int, default=8192)
+    p.add_argument("--block-size", type=int, default=128)
+    p.add_argument("--configs", nargs="+", default=sorted(TILE_CONFIGS), choices=sorted(TILE_CONFIGS))
+    p.add_argument("--reps", type=int, default=10, help="launches per CUDA graph")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_w8a8_fused.py needs a CUDA GPU", file=sys.stderr)
+        return 1
+    rows = run(args.M, args.N, args.K, args.block_size, args.configs, args.reps)
+    text = table(rows, torch.cuda.get_device_name())
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
