@@ -1,0 +1,135 @@
+// Scheme 2 helpers on the activation and weight side:
+//   QuantA           per row m and K block g of A [M, K] (fp32/fp16/bf16):
+//                      scale  = (max - min) / 255
+//                      offset = max - scale * 127
+//                      a zero-range block (scale == 0) gets scale = 1, offset = max
+//                      q      = clamp(rint((x - offset) / scale), -128, 127)   (round half to even)
+//                      sum_q  = sum of q over the block (int32)
+//                    Every float operation is one IEEE-rounded op (__f*_rn: no FMA contraction),
+//                    so the result matches cutlass_ops.formats.quantize_activation_reference
+//                    bit for bit.
+//   Precompute_SumBq sum_B_q[n, g] = sum of the int8 weight q over block g of row n.
+#include "common.cuh"
+
+namespace cuops {
+namespace quant {
+
+constexpr int kMaxWarps = 8;  // QuantA blocks have at most 256 threads
+
+// Whole-warp reductions by butterfly shuffles: every lane ends with the result.
+__device__ __forceinline__ float warp_min(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ int warp_sum(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// One thread block per (m, g): grid = M * G blocks, blockIdx.x = m * G + g. A row of x starts
+// at x + m * lda (lda in elements); A_q rows are ldq bytes apart; scale/offset/sum_q of (m, g)
+// sit at [m * ld_param + g]. The per-block call of the orchestrator passes G = 1 with x,
+// A_q and the parameter pointers already advanced to its block.
+template <typename T>
+__device__ __forceinline__ void quant_a(const T* __restrict__ x, long long lda, int8_t* __restrict__ A_q,
+                                        long long ldq, float* __restrict__ scale, float* __restrict__ offset,
+                                        int32_t* __restrict__ sum_q, long long ld_param, int G, int block_size) {
+  __shared__ float s_min[kMaxWarps], s_max[kMaxWarps];
+  __shared__ int s_sum[kMaxWarps];
+  const int m = blockIdx.x / G, g = blockIdx.x - (blockIdx.x / G) * G;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+  const T* xr = x + m * lda + static_cast<long long>(g) * block_size;
+  int8_t* qr = A_q + m * ldq + static_cast<long long>(g) * block_size;
+
+  float mn = __int_as_float(0x7f800000), mx = -__int_as_float(0x7f800000);  // +inf, -inf
+  for (int k = tid; k < block_size; k += blockDim.x) {
+    const float v = to_float<T>(xr[k]);
+    mn = fminf(mn, v);
+    mx = fmaxf(mx, v);
+  }
+  mn = warp_min(mn);
+  mx = warp_max(mx);
+  if (lane == 0) {
+    s_min[warp] = mn;
+    s_max[warp] = mx;
+  }
+  __syncthreads();
+  mn = s_min[0];
+  mx = s_max[0];
+  for (int w = 1; w < nwarps; ++w) {
+    mn = fminf(mn, s_min[w]);
+    mx = fmaxf(mx, s_max[w]);
+  }
+
+  float sc = __fdiv_rn(__fsub_rn(mx, mn), 255.0f);
+  float of = __fsub_rn(mx, __fmul_rn(sc, 127.0f));
+  if (sc == 0.0f) {  // zero-range block: q = 0 reproduces max exactly
+    sc = 1.0f;
+    of = mx;
+  }
+
+  int sum = 0;
+  for (int k = tid; k < block_size; k += blockDim.x) {
+    const float v = to_float<T>(xr[k]);
+    const float q = fminf(fmaxf(rintf(__fdiv_rn(__fsub_rn(v, of), sc)), -128.0f), 127.0f);
+    const int qi = static_cast<int>(q);
+    qr[k] = static_cast<int8_t>(qi);
+    sum += qi;
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) s_sum[warp] = sum;
+  __syncthreads();
+  if (tid == 0) {
+    for (int w = 1; w < nwarps; ++w) sum += s_sum[w];
+    const long long p = m * ld_param + g;
+    scale[p] = sc;
+    offset[p] = of;
+    sum_q[p] = sum;
+  }
+}
+
+// One warp per (n, g): sum_B_q[n * G + g] = sum of B_q[n, g*block_size : (g+1)*block_size].
+__device__ __forceinline__ void sum_bq(const int8_t* __restrict__ B_q, long long ldb, int32_t* __restrict__ sum_B_q,
+                                       int N, int G, int block_size) {
+  const int lane = threadIdx.x & 31;
+  const long long item = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (item >= static_cast<long long>(N) * G) return;  // uniform per warp
+  const int n = static_cast<int>(item / G), g = static_cast<int>(item - static_cast<long long>(n) * G);
+  const int8_t* row = B_q + n * ldb + static_cast<long long>(g) * block_size;
+  int acc = 0;
+  if ((reinterpret_cast<unsigned long long>(row) & 3ull) == 0 && (block_size & 3) == 0) {
+    const int* words = reinterpret_cast<const int*>(row);
+    // dp4a against 0x01010101 adds the four signed bytes of a word in one instruction.
+    for (int w = lane; w < block_size / 4; w += 32) acc = __dp4a(words[w], 0x01010101, acc);
+  } else {
+    for (int k = lane; k < block_size; k += 32) acc += row[k];
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) sum_B_q[item] = acc;
+}
+
+}  // namespace quant
+}  // namespace cuops
+
+#define CUOPS_DEFINE_QUANT_A(NAME, T)                                                                  \
+  extern "C" __global__ void __launch_bounds__(256)                                                    \
+      NAME(const T* x, long long lda, int8_t* A_q, long long ldq, float* scale, float* offset, int32_t* sum_q, \
+           long long ld_param, int G, int block_size) {                                                \
+    cuops::quant::quant_a<T>(x, lda, A_q, ldq, scale, offset, sum_q, ld_param, G, block_size);          \
+  }
+
+CUOPS_DEFINE_QUANT_A(quant_a_f32, float)
+CUOPS_DEFINE_QUANT_A(quant_a_f16, __half)
+CUOPS_DEFINE_QUANT_A(quant_a_bf16, __nv_bfloat16)
+
+extern "C" __global__ void __launch_bounds__(256)
+    precompute_sum_bq(const int8_t* B_q, long long ldb, int32_t* sum_B_q, int N, int G, int block_size) {
+  cuops::quant::sum_bq(B_q, ldb, sum_B_q, N, G, block_size);
+}
