@@ -6,6 +6,7 @@ kernels (one ``Params`` struct passed by value, optionally with a thread-block c
 from __future__ import annotations
 
 import ctypes
+import struct
 import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -79,6 +80,9 @@ _CTYPES = {
 }
 
 
+_PACK = {"P": "Q", "i": "i", "I": "I", "q": "q", "f": "f"}
+
+
 def _as_pointer(value: Any) -> int:
     if value is None:
         return 0
@@ -109,8 +113,21 @@ class Kernel:
             if bad:
                 raise ValueError(f"signature of {name} has unknown argument kinds {sorted(bad)}")
             fields = [(f"a{i}", _CTYPES[c]) for i, c in enumerate(signature)]
-            self._struct = type(f"Args_{name}", (ctypes.Structure,), {"_fields_": fields})
-            self._offsets = [getattr(self._struct, f"a{i}").offset for i in range(len(signature))]
+            struct_type = type(f"Args_{name}", (ctypes.Structure,), {"_fields_": fields})
+            offsets = [getattr(struct_type, f"a{i}").offset for i in range(len(signature))]
+            # One struct.pack_into format with explicit padding reproduces the C layout, so a
+            # call packs every argument in one C-level step into a buffer that lives with the kernel.
+            fmt, cur = "<", 0
+            for c, off in zip(signature, offsets):
+                fmt += ("x" * (off - cur)) + _PACK[c]
+                cur = off + ctypes.sizeof(_CTYPES[c])
+            self._fmt = struct.Struct(fmt)
+            self._pointer_args = tuple(i for i, c in enumerate(signature) if c == "P")
+            self._buf = (ctypes.c_char * max(1, ctypes.sizeof(struct_type)))()
+            base = ctypes.addressof(self._buf)
+            self._ptrs = (ctypes.c_void_p * len(offsets))(*[base + off for off in offsets])
+            self._ptrs_addr = ctypes.addressof(self._ptrs)
+            self._pack_lock = threading.Lock()
 
     def function(self, device: int | None = None):
         """The CUfunction on ``device`` (loading the module there on first use)."""
@@ -136,24 +153,27 @@ class Kernel:
             for fn in self._functions.values():
                 self._set_smem(fn, nbytes)
 
-    def pack(self, args: Sequence[Any]):
-        """Pack ``args`` per the signature; returns (keep-alive struct, void** array)."""
+    def _check_args(self, args: Sequence[Any]) -> list:
         if self.signature is None:
             raise TypeError(f"kernel {self.name} was loaded without a signature; use launch_params")
         if len(args) != len(self.signature):
             raise TypeError(f"kernel {self.name} takes {len(self.signature)} arguments ({self.signature}), "
                             f"got {len(args)}")
-        values = [_as_pointer(a) if c == "P" else a for a, c in zip(args, self.signature)]
-        s = self._struct(*values)
-        base = ctypes.addressof(s)
-        ptrs = (ctypes.c_void_p * len(values))(*[base + off for off in self._offsets])
-        return s, ptrs
+        values = list(args)
+        for i in self._pointer_args:
+            values[i] = _as_pointer(values[i])
+        return values
+
+    def pack(self, args: Sequence[Any]) -> bytes:
+        """The argument bytes ``args`` pack to (the C layout of the kernel's parameter list)."""
+        return self._fmt.pack(*self._check_args(args))
 
     def launch(self, grid, block, args: Sequence[Any], smem: int = 0, stream: int | None = None) -> None:
         """Launch on ``stream`` (default: torch's current stream) with typed ``args``."""
-        keep, ptrs = self.pack(args)
-        self._launch(grid, block, ctypes.addressof(ptrs), smem, stream)
-        del keep
+        values = self._check_args(args)
+        with self._pack_lock:  # the driver copies the arguments during cuLaunchKernel
+            self._fmt.pack_into(self._buf, 0, *values)
+            self._launch(grid, block, self._ptrs_addr, smem, stream)
 
     def launch_params(self, grid, block, params: ctypes.Array | bytearray, smem: int = 0,
                       stream: int | None = None, cluster: tuple[int, int, int] = (1, 1, 1)) -> None:
