@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): CUTLASS int8 GEMM with the fused ``dequant`` epilogue, per kernel
+generation, against torch._int_mm (cuBLASLt, int32 out, no scaling), timed as a user calls it.
+
+Columns: wall us per call (host cost included, back-to-back calls), the ratio torch/ours (>1 is
+faster than torch._int_mm), device us per call (CUDA events), host us per call.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _timing import call_us, host_us, kernel_us, table  # noqa: E402
+
+import cutlass_ops as ops  # noqa: E402
+
+SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16, 8192, 8192), (128, 8192, 8192), (1024, 8192, 8192)]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--archs", nargs="+", type=int, default=[90, 80, 75])
+    args = p.parse_args()
+    cc = torch.cuda.get_device_capability()
+    archs = [a for a in args.archs if not (a == 90 and cc != (9, 0)) and a <= 10 * cc[0] + cc[1]]
+    rows = []
+    for M, N, K in SHAPES:
+        A = torch.randint(-128, 128, (M, K), dtype=torch.int8, device="cuda")
+        B = torch.randint(-128, 128, (N, K), dtype=torch.int8, device="cuda")
+        s_row = torch.rand(M, device="cuda") * 1e-2
+        s_col = torch.rand(N, device="cuda") * 1e-2
+        bias = torch.randn(N, device="cuda")
+        # torch._int_mm needs M > 16: time M=16 at M=17 (what a caller would have to pad to)
+        A_t = A if M > 16 else torch.randint(-128, 128, (17, K), dtype=torch.int8, device="cuda")
+        torch_fn = lambda: torch._int_mm(A_t, B.t())  # noqa: E731
+        t_torch = call_us(torch_fn)
+        rows.append([f"{M}x{N}x{K}", "torch._int_mm", t_torch, 1.0, kernel_us(torch_fn), host_us(torch_fn)])
+        for arch in archs:
+            epi = "dequant" if arch != 75 else "none"
+            kwargs = dict(scale_row=s_row, scale_col=s_col, bias=bias, out_dtype=torch.float16) if arch != 75 else {}
+            fn = lambda: ops.int8_gemm(A, B, epi, arch=arch, **kwargs)  # noqa: E731
+            try:
+                fn()
+            except Exception as exc:  # report the failure in the table, keep benchmarking the rest
+                rows.append([f"{M}x{N}x{K}", f"Sm{arch} {epi}", f"failed: {type(exc).__name__}: {exc}"[:120], "", "", ""])
+                continue
+            t = call_us(fn)
+            rows.append([f"{M}x{N}x{K}", f"Sm{arch} {epi}", t, t_torch / t, kernel_us(fn), host_us(fn)])
+    text = (f"GPU: {torch.cuda.get_device_name()}\n\n"
+            + table(["M x N x K", "kernel", "call us", "torch/ours", "device us", "host us"], rows))
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
