@@ -1,0 +1,310 @@
+"""int8 x int8 GEMMs on CUTLASS kernels built ahead of time: ``int8_gemm`` and ``int8_gemm_requant``.
+
+D[M, N] = epilogue(A[M, K] @ B[N, K]^T) with A the int8 activations and B the int8 weight in the
+torch Linear layout. ``arch`` picks the kernel generation: 90 (wgmma + TMA, Hopper only), 80
+(mma.sync, runs on Ampere and later), 75 (Turing mma, plain int32 output only); None takes the
+device's own (90 on Hopper). Kernels come from the build cache (``scripts/build_kernels.py``
+fills it); one missing from the cache is built on first use (tens of seconds, logged).
+
+Tiles come from ``tuning/default.json`` (overridden by ``tuning/<gpu name>.json``), per kernel
+generation and M bucket ("small": M <= small_m_max, else "large").
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import epilogues
+
+from .gemm_build import GemmKernelSpec, build, lookup
+from .gemm_launch import GemmKernel
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Int8Gemm", "get_plan", "int8_gemm", "int8_gemm_requant", "kernel_spec", "configured_specs", "resolve_arch",
+           "alignment_D", "target_arch_for"]
+
+TUNING_DIR = Path(__file__).resolve().parent / "tuning"
+_DTYPE_NAMES = {torch.int32: "s32", torch.int8: "s8", torch.float16: "f16", torch.bfloat16: "bf16",
+                torch.float32: "f32"}
+_ELEMENT_BYTES = {"s8": 1, "f16": 2, "bf16": 2, "s32": 4, "f32": 4}
+# A and B rows must be 16-byte aligned: every kernel here loads int8 operands 16 elements at a time
+# (cp.async / TMA), the only alignment the generator offers for int8 TensorOp GEMMs.
+ALIGNMENT_K = 16
+
+
+def alignment_D(kernel_cc: int, element_D: str) -> int:
+    """Elements per access of D: 16 bytes, except the 2.x int32 epilogue, built with 8 (generator's)."""
+    if kernel_cc != 90 and element_D == "s32":
+        return 8
+    return 16 // _ELEMENT_BYTES[element_D]
+
+
+def target_arch_for(kernel_cc: int, device_cc: int) -> str:
+    """nvcc target for a kernel generation on a GPU of ``device_cc``: sm_90a for Sm90 kernels."""
+    if kernel_cc == 90:
+        if device_cc != 90:
+            raise ValueError(f"Sm90 kernels need a Hopper GPU (compute capability 9.0), not {device_cc / 10:.1f}")
+        return "90a"
+    if device_cc < kernel_cc:
+        raise ValueError(f"Sm{kernel_cc} kernels cannot run on compute capability {device_cc / 10:.1f}")
+    return str(device_cc)
+
+
+def resolve_arch(arch: int | None, device_cc: int) -> int:
+    """The kernel generation for ``arch`` (None: the device's own) on a GPU of ``device_cc``."""
+    if arch is None:
+        if device_cc == 90:
+            return 90
+        if 80 <= device_cc < 90:
+            return 80
+        if device_cc == 75:
+            return 75
+        raise ValueError(f"no int8 CUTLASS kernels for compute capability {device_cc / 10:.1f}; pass arch=80 or 75")
+    if arch not in (75, 80, 90):
+        raise ValueError(f"arch must be None, 75, 80 or 90, got {arch!r}")
+    target_arch_for(arch, device_cc)  # raises if the GPU cannot run it
+    return arch
+
+
+def _gpu_file_name(gpu_name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", gpu_name).strip("_") + ".json"
+
+
+@functools.lru_cache(maxsize=None)
+def tuning(gpu_name: str | None = None) -> dict[str, Any]:
+    """Tile table: default.json updated (per kernel cc and bucket) by ``<gpu_name>.json`` if present."""
+    table = json.loads((TUNING_DIR / "default.json").read_text())
+    if gpu_name:
+        path = TUNING_DIR / _gpu_file_name(gpu_name)
+        if path.is_file():
+            override = json.loads(path.read_text())
+            for key, value in override.items():
+                if isinstance(value, dict) and isinstance(table.get(key), dict):
+                    table[key] = {**table[key], **value}
+                else:
+                    table[key] = value
+            log.info("int8 GEMM tiles from %s", path)
+    return table
+
+
+def _bucket(M: int, table: dict[str, Any]) -> str:
+    return "small" if M <= int(table["small_m_max"]) else "large"
+
+
+def kernel_spec(kernel_cc: int, target_arch: str, epilogue: str, element_D: str, bucket: str,
+                gpu_name: str | None = None) -> GemmKernelSpec:
+    """The spec of the kernel used for (kernel generation, target, epilogue, output type, M bucket)."""
+    tile = tuning(gpu_name)[str(kernel_cc)][bucket]
+    return GemmKernelSpec(
+        kernel_cc=kernel_cc, target_arch=target_arch, epilogue=epilogue, element_D=element_D,
+        threadblock_shape=tuple(tile["threadblock_shape"]), stages=tile.get("stages"),
+        warp_count=tuple(tile["warp_count"]) if tile.get("warp_count") else None,
+        cluster_shape=tuple(tile.get("cluster_shape", (1, 1, 1))),
+        kernel_schedule=tile.get("kernel_schedule"), epilogue_schedule=tile.get("epilogue_schedule"),
+        tile_scheduler=tile.get("tile_scheduler"), alignment_D=alignment_D(kernel_cc, element_D))
+
+
+def configured_specs(target: int | str, epilogue_names: list[str] | None = None,
+                     buckets: tuple[str, ...] = ("small", "large"), gpu_name: str | None = None) -> list[GemmKernelSpec]:
+    """Every kernel ``int8_gemm`` may launch on a GPU of compute capability ``target``."""
+    device_cc = int(str(target).rstrip("a"))
+    specs = []
+    for kernel_cc in (90, 80, 75):
+        if kernel_cc > device_cc or (kernel_cc == 90 and device_cc != 90):
+            continue
+        for name in epilogue_names or epilogues.names():
+            epi = epilogues.get(name)
+            if epi.evt and kernel_cc == 75:
+                continue
+            for element_D in epi.output_dtypes:
+                for bucket in buckets:
+                    specs.append(kernel_spec(kernel_cc, target_arch_for(kernel_cc, device_cc), name, element_D,
+                                             bucket, gpu_name))
+    return specs
+
+
+class Int8Gemm:
+    """One int8 GEMM kernel (a plan): validation of the operands and the launch."""
+
+    def __init__(self, spec: GemmKernelSpec):
+        self.spec = spec
+        self.epilogue = epilogues.get(spec.epilogue)
+        self.out_dtype = epilogues.OUTPUT_DTYPES[spec.element_D]
+        self._kernel: GemmKernel | None = None
+        self._inputs = self.epilogue.tensor_inputs
+        self._scalars = tuple(n for n, k in self.epilogue.inputs if k == "scalar")
+        self._c_is_d = spec.api == "2x" and not self.epilogue.evt
+
+    @property
+    def kernel(self) -> GemmKernel:
+        """The loaded kernel; built into the cache first if ``build_kernels.py`` did not."""
+        if self._kernel is None:
+            artifact = lookup(self.spec)
+            if artifact is None:
+                log.warning("CUTLASS kernel %s is not in the cache; building it now (run "
+                            "scripts/build_kernels.py ahead of time to avoid this)", self.spec.name)
+                artifact, _ = build(self.spec)
+            self._kernel = GemmKernel(artifact)
+        return self._kernel
+
+    def __call__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
+                 **inputs: Any) -> torch.Tensor:
+        M, N, K, pointers, scalars, out = self.launch_arguments(A, B, out, **inputs)
+        self.kernel.launch(M, N, K, pointers, scalars, device=A.get_device())
+        return out
+
+    def launch_arguments(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
+                         **inputs: Any) -> tuple[int, int, int, list[int], tuple[float, ...], torch.Tensor]:
+        """Validate the operands; (M, N, K, pointers in kernel order, scalars, D) for the launch."""
+        M, N, K = _check_operands(A, B, self.spec.alignment_D, self.spec.element_D)
+        kernel = self._kernel or self.kernel
+        device = A.get_device()
+        values = {"A": A, "B": B}
+        for name, kind in self._inputs:
+            value = inputs.pop(name, None)
+            if value is None:
+                if name not in self.epilogue.optional:
+                    raise ValueError(f"epilogue {self.spec.epilogue!r} needs {name} ({kind}, float32)")
+            else:
+                _check_input(name, kind, value, M, N, device)
+            values[name] = value
+        scalars = tuple(float(inputs.pop(name)) if name in inputs else _missing(self.spec.epilogue, name)
+                        for name in self._scalars)
+        if inputs:
+            raise TypeError(f"epilogue {self.spec.epilogue!r} takes {list(self.epilogue.input_names)}; "
+                            f"unexpected {sorted(inputs)}")
+        if out is None:
+            out = A.new_empty((M, N), dtype=self.out_dtype)
+        elif out.shape != (M, N) or out.dtype != self.out_dtype or not out.is_contiguous() or out.get_device() != device:
+            raise ValueError(f"out must be a contiguous {self.out_dtype} tensor [M={M}, N={N}] on {A.device}, "
+                             f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+        values["D"] = out
+        if "C" not in values:
+            # 2.x LinearCombination reads C only when beta != 0 (never here): point it at D.
+            values["C"] = out if self._c_is_d else None
+        pointers = []
+        for name in kernel.pointer_names:
+            tensor = values.get(name)
+            pointers.append(0 if tensor is None else tensor.data_ptr())
+        if any(p & 15 for p in pointers):
+            bad = [n for n, p in zip(kernel.pointer_names, pointers) if p & 15]
+            raise ValueError(f"{', '.join(bad)} must start on a 16-byte boundary (vectorized / TMA access); "
+                             f"a storage offset makes them misaligned: pass fresh contiguous tensors")
+        return M, N, K, pointers, scalars, out
+
+
+def _missing(epilogue: str, name: str):
+    raise ValueError(f"epilogue {epilogue!r} needs the scalar {name}")
+
+
+def _check_operands(A: torch.Tensor, B: torch.Tensor, align_D: int, element_D: str) -> tuple[int, int, int]:
+    if A.dtype != torch.int8 or B.dtype != torch.int8:
+        raise TypeError(f"A and B must be int8, got A {A.dtype} and B {B.dtype}")
+    if A.dim() != 2 or B.dim() != 2:
+        raise ValueError(f"A must be [M, K] and B [N, K], got A {tuple(A.shape)} and B {tuple(B.shape)}")
+    M, K = A.shape
+    N, K_B = B.shape
+    if K != K_B:
+        raise ValueError(f"A is [M={M}, K={K}] but B is [N={N}, K={K_B}]: K must match")
+    if M == 0 or N == 0 or K == 0:
+        raise ValueError(f"empty GEMM: M={M}, N={N}, K={K}")
+    if K % ALIGNMENT_K:
+        raise ValueError(f"K={K} must be a multiple of {ALIGNMENT_K} (int8 rows of A and B are read in "
+                         f"16-byte vectors); pad A [M={M}, K] and B [N={N}, K] with zero columns")
+    if N % align_D:
+        raise ValueError(f"N={N} must be a multiple of {align_D} for {element_D} output (16-byte stores of D)")
+    if not A.is_cuda or B.get_device() != A.get_device():
+        raise ValueError(f"A and B must be on the same CUDA device, got {A.device} and {B.device}")
+    if not (A.is_contiguous() and B.is_contiguous()):
+        raise ValueError("A [M, K] and B [N, K] must be contiguous row-major tensors")
+    return M, N, K
+
+
+def _check_input(name: str, kind: str, value: torch.Tensor, M: int, N: int, device: int) -> None:
+    expected = {"per_row": M, "per_col": N, "matrix": M * N}[kind]
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.float32:
+        raise TypeError(f"{name} must be a float32 tensor")
+    if value.numel() != expected or (kind == "matrix" and tuple(value.shape) != (M, N)):
+        shape = {"per_row": f"[M={M}] or [M, 1]", "per_col": f"[N={N}] or [1, N]", "matrix": f"[M={M}, N={N}]"}[kind]
+        raise ValueError(f"{name} must be {shape}, got {tuple(value.shape)}")
+    if value.get_device() != device or not value.is_contiguous():
+        raise ValueError(f"{name} must be contiguous on cuda:{device}, got {value.device}")
+
+
+@functools.lru_cache(maxsize=None)
+def _device_info(device: int) -> tuple[int, str]:
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor, torch.cuda.get_device_name(device)
+
+
+_plans: dict[tuple, Int8Gemm] = {}
+
+
+def get_plan(device: int, arch: int | None, epilogue: str, element_D: str | None, M: int) -> Int8Gemm:
+    """The (cached) plan for a GEMM of M rows on ``device`` with this arch, epilogue and D type."""
+    device_cc, gpu_name = _device_info(device)
+    table = tuning(gpu_name)
+    bucket = _bucket(M, table)
+    key = (device, arch, epilogue, element_D, bucket)
+    plan = _plans.get(key)
+    if plan is None:
+        epi = epilogues.get(epilogue)
+        kernel_cc = resolve_arch(arch, device_cc)
+        if epi.evt and kernel_cc == 75:
+            raise ValueError(f"epilogue {epilogue!r} needs an EVT epilogue, which Sm75 kernels lack: use "
+                             f"epilogue='none' with arch=75, or arch=80/90")
+        element = element_D or epi.default_output
+        if element not in epi.output_dtypes:
+            raise ValueError(f"epilogue {epilogue!r} writes {list(epi.output_dtypes)}, not {element!r}")
+        spec = kernel_spec(kernel_cc, target_arch_for(kernel_cc, device_cc), epilogue, element, bucket, gpu_name)
+        plan = _plans[key] = Int8Gemm(spec)
+    return plan
+
+
+_fast_plans: dict[tuple, Int8Gemm] = {}  # (device, arch, epilogue, out_dtype, small M) -> plan
+_small_m_max: dict[int, int] = {}
+
+
+def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch: int | None = None,
+              out_dtype: torch.dtype | str | None = None, out: torch.Tensor | None = None,
+              **epilogue_args: Any) -> torch.Tensor:
+    """D = epilogue(A @ B^T) with A [M, K] int8 and B [N, K] int8, on a CUTLASS kernel.
+
+    ``epilogue`` names an entry of the ``epilogues`` registry ("none" -> int32 D; "dequant",
+    "dequant_relu", "dequant_relu6" -> f16/bf16/f32 with scale_row [M], scale_col [N], bias [N];
+    "requant"; "kblock_accumulate"); its inputs are passed as keyword arguments. ``arch`` forces a
+    kernel generation (75, 80, 90). Requires K % 16 == 0 and N a multiple of 16 bytes of D.
+    """
+    if not isinstance(A, torch.Tensor) or not A.is_cuda or A.dim() != 2:
+        raise ValueError(f"A must be a 2-D CUDA tensor [M, K], got {type(A).__name__} "
+                         f"{tuple(getattr(A, 'shape', ()))} on {getattr(A, 'device', None)}")
+    device = A.get_device()
+    limit = _small_m_max.get(device)
+    if limit is None:
+        limit = _small_m_max[device] = int(tuning(_device_info(device)[1])["small_m_max"])
+    key = (device, arch, epilogue, out_dtype, A.shape[0] <= limit)
+    plan = _fast_plans.get(key)
+    if plan is None:
+        element_D = _DTYPE_NAMES.get(out_dtype, out_dtype) if out_dtype is not None else None
+        plan = _fast_plans[key] = get_plan(device, arch, epilogue, element_D, A.shape[0])
+    return plan(A, B, out=out, **epilogue_args)
+
+
+def int8_gemm_requant(A_q: torch.Tensor, W_q: torch.Tensor, M_scale: torch.Tensor,
+                      fused_bias: torch.Tensor | None, *, clamp: tuple[int, int] = (-128, 127),
+                      arch: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """O_q = clamp(round_half_even(M_scale[n] * (A_q @ W_q^T + fused_bias[n])), *clamp) as int8."""
+    lo, hi = (int(clamp[0]), int(clamp[1]))
+    if not -128 <= lo <= hi <= 127:
+        raise ValueError(f"clamp must satisfy -128 <= lo <= hi <= 127, got {clamp}")
+    if (lo, hi) == (-128, 127):
+        return int8_gemm(A_q, W_q, "requant", arch=arch, out=out, multiplier=M_scale, fused_bias=fused_bias)
+    return int8_gemm(A_q, W_q, "requant_clamp", arch=arch, out=out, multiplier=M_scale, fused_bias=fused_bias,
+                     lo=float(lo), hi=float(hi))
