@@ -58,9 +58,19 @@ def _ensure_context(device: int) -> None:
         check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
+def _current_device() -> int:
+    torch = _torch()
+    get = getattr(torch._C, "_cuda_getDevice", None)  # what torch.cuda.current_device() calls, minus checks
+    return get() if get is not None else torch.cuda.current_device()
+
+
 def current_stream_handle() -> int:
     """The raw cudaStream_t of torch's current stream on the current device."""
-    return _torch().cuda.current_stream().cuda_stream
+    torch = _torch()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:  # ~0.3 us, against ~2 us for building a torch.cuda.Stream object
+        return raw(_current_device())
+    return torch.cuda.current_stream().cuda_stream
 
 
 def device_capability(device: int | None = None) -> int:
@@ -107,6 +117,7 @@ class Kernel:
         self.name = name
         self.signature = signature
         self._functions: dict[int, Any] = {}
+        self._param_arrays: dict[int, tuple] = {}
         self._max_dynamic_smem = 0
         if signature is not None:
             bad = set(signature) - set(_CTYPES)
@@ -132,7 +143,7 @@ class Kernel:
     def function(self, device: int | None = None):
         """The CUfunction on ``device`` (loading the module there on first use)."""
         if device is None:
-            device = _torch().cuda.current_device()
+            device = _current_device()
         fn = self._functions.get(device)
         if fn is None:
             mod = self.module.handle(device)
@@ -178,16 +189,23 @@ class Kernel:
     def launch_params(self, grid, block, params: ctypes.Array | bytearray, smem: int = 0,
                       stream: int | None = None, cluster: tuple[int, int, int] = (1, 1, 1)) -> None:
         """Launch a kernel whose only parameter is a by-value struct held in ``params``."""
-        buf = params if isinstance(params, ctypes.Array) else (ctypes.c_char * len(params)).from_buffer(params)
-        ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+        # The void*[1] pointing at a params buffer is made once per buffer (callers keep one
+        # buffer per problem shape and rewrite it in place).
+        entry = self._param_arrays.get(id(params))
+        if entry is None or entry[0] is not params:
+            buf = params if isinstance(params, ctypes.Array) else (ctypes.c_char * len(params)).from_buffer(params)
+            ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+            if len(self._param_arrays) > 256:
+                self._param_arrays.clear()
+            entry = self._param_arrays[id(params)] = (params, buf, ptrs, ctypes.addressof(ptrs))
         if cluster == (1, 1, 1):
-            self._launch(grid, block, ctypes.addressof(ptrs), smem, stream)
+            self._launch(grid, block, entry[3], smem, stream)
         else:
-            self._launch_cluster(grid, block, ctypes.addressof(ptrs), smem, stream, cluster)
+            self._launch_cluster(grid, block, entry[3], smem, stream, cluster)
 
     def _launch(self, grid, block, params_addr: int, smem: int, stream: int | None) -> None:
-        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-        bx, by, bz = (tuple(block) + (1, 1))[:3]
+        gx, gy, gz = grid if len(grid) == 3 else (tuple(grid) + (1, 1))[:3]
+        bx, by, bz = block if len(block) == 3 else (tuple(block) + (1, 1))[:3]
         if stream is None:
             stream = current_stream_handle()
         fn = self.function()
