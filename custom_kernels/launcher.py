@@ -118,6 +118,8 @@ class Kernel:
         self.signature = signature
         self._functions: dict[int, Any] = {}
         self._param_arrays: dict[int, tuple] = {}
+        self._cluster_configs: dict[tuple, Any] = {}
+        self._pack_lock = threading.Lock()
         self._max_dynamic_smem = 0
         if signature is not None:
             bad = set(signature) - set(_CTYPES)
@@ -138,7 +140,6 @@ class Kernel:
             base = ctypes.addressof(self._buf)
             self._ptrs = (ctypes.c_void_p * len(offsets))(*[base + off for off in offsets])
             self._ptrs_addr = ctypes.addressof(self._ptrs)
-            self._pack_lock = threading.Lock()
 
     def function(self, device: int | None = None):
         """The CUfunction on ``device`` (loading the module there on first use)."""
@@ -214,23 +215,31 @@ class Kernel:
             check((err,), f"cuLaunchKernel({self.name}, grid={grid}, block={block}, smem={smem})")
 
     def _launch_cluster(self, grid, block, params_addr, smem, stream, cluster) -> None:
-        gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-        bx, by, bz = (tuple(block) + (1, 1))[:3]
         if stream is None:
             stream = current_stream_handle()
-        cfg = driver.CUlaunchConfig()
-        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, gy, gz
-        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = bx, by, bz
-        cfg.sharedMemBytes = smem
-        cfg.hStream = driver.CUstream(stream)
-        attr = driver.CUlaunchAttribute()
-        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
-        cfg.attrs = [attr]
-        cfg.numAttrs = 1
-        err, = driver.cuLaunchKernelEx(cfg, self.function(), params_addr, 0)
+        fn = self.function()
+        key = (tuple(grid), tuple(block), smem, tuple(cluster), int(fn))
+        with self._pack_lock:
+            cfg = self._cluster_configs.get(key)
+            if cfg is None:  # building one costs ~5 us: keep one per launch shape, set only the stream
+                cfg = self._cluster_configs[key] = _cluster_config(grid, block, smem, cluster)
+            cfg.hStream = stream
+            err, = driver.cuLaunchKernelEx(cfg, fn, params_addr, 0)
         if err != driver.CUresult.CUDA_SUCCESS:
             check((err,), f"cuLaunchKernelEx({self.name}, grid={grid}, block={block}, cluster={cluster})")
+
+
+def _cluster_config(grid, block, smem: int, cluster) -> Any:
+    cfg = driver.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (tuple(grid) + (1, 1))[:3]
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (tuple(block) + (1, 1))[:3]
+    cfg.sharedMemBytes = smem
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+    return cfg
 
 
 class Module:

@@ -12,7 +12,7 @@ only if patching one build with another's sentinels reproduces it byte for byte,
 first real call (patched == freshly built); later calls just overwrite those 8-byte words.
 Sm90 kernels hold A, B and D inside TMA descriptors, which CUDA documents as opaque and which on
 an H200 changed beyond the verbatim address when the address changed: their ``Params`` are rebuilt
-by the host library for each new set of pointers (a few microseconds), and the last 16 pointer
+by the host library for each new set of pointers (a few microseconds), and the last 512 pointer
 sets of each shape are kept, so calls that reuse buffers skip the rebuild.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ __all__ = ["GemmKernel", "current_stream"]
 # or its high bits would show up as a mismatch).
 _SENTINEL_BASES = (0x5A5A_0000_0000, 0x6B6B_0123_4560, 0x3C3C_0FED_CBA0)
 _SENTINEL_STEP = 0x10_0000
-_REBUILT_KEPT = 16  # Params kept per shape for kernels that rebuild them (keyed by pointers)
+_REBUILT_KEPT = 512  # Params kept per shape for kernels that rebuild them (keyed by pointers)
 
 
 def current_stream(device: int) -> int:

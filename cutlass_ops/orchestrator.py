@@ -20,7 +20,8 @@ Per weight (cached on the QuantizedWeight): B regrouped block-major [G, Np, bs] 
 operand is a contiguous int8 matrix, the per-block column vectors, and sum_B_q. N is padded to
 Np (a multiple of 8) with zero columns so every store of D stays aligned; the pad is sliced off
 by the final bias/activation pass. Nothing here synchronizes; a call can be captured in a CUDA
-graph once its kernels are loaded.
+graph once its kernels are loaded. The per-block paths keep their buffers on the weight (one
+set per M), so one weight should not run on two streams at once through them.
 """
 from __future__ import annotations
 
@@ -69,46 +70,64 @@ def prepare_weight_blocks(qw) -> dict:
         "c3": (sB * sum_B.float() + bs * oB).T.contiguous(),
         # DequantAndAcc reads the B parameters [Np, G] column by column
         "sB": sB, "oB": oB, "sum_B": sum_B,
+        "workspaces": {},
     }
     setattr(qw, _PREP_ATTR, prep)
     return prep
 
 
+def _workspace(prep: dict, name: str, shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
+    """A buffer kept on the weight's prep and reused by every call of the same shape, so the
+    per-block GEMMs see the same pointers each call (their launch parameters stay cached)."""
+    key = (name, shape, dtype, device)
+    spaces = prep["workspaces"]
+    buf = spaces.get(key)
+    if buf is None:
+        if len(spaces) >= 64:  # many distinct M: start over rather than grow without bound
+            spaces.clear()
+        buf = spaces[key] = torch.empty(shape, dtype=dtype, device=device)
+    return buf
+
+
 def _orchestrated(x2d: torch.Tensor, qw, prep: dict, bias, act: int) -> torch.Tensor:
     M, bs, G, Np = x2d.shape[0], qw.block_size, prep["G"], prep["Np"]
+    dev = x2d.device
     A_q, sA, oA, sum_A = quantize_activation_gpu(x2d, bs)
-    A_blocks = A_q.view(M, G, bs).transpose(0, 1).contiguous()  # [G, M, bs]
+    A_blocks = _workspace(prep, "A_blocks", (G, M, bs), torch.int8, dev)  # block i contiguous [M, bs]
+    A_blocks.copy_(A_q.view(M, G, bs).transpose(0, 1))
     # kblock_accumulate's per-row vectors, block-major; rows padded to 16 bytes so that every
     # block's vector starts aligned (the kernels read them with vector loads)
-    r = torch.empty((3, G, _round_up(M, 4)), dtype=torch.float32, device=x2d.device)
+    r = _workspace(prep, "r", (3, G, _round_up(M, 4)), torch.float32, dev)
     r[0, :, :M] = sA.T
     torch.mul(sA, sum_A, out=r[1, :, :M].T)
     r[2, :, :M] = oA.T
     r1, r2, r3 = (r[j, :, :M] for j in range(3))
     # Two fp32 accumulators used alternately: each GEMM reads C from one and writes D to the other.
-    acc = torch.empty((2, M, Np), dtype=torch.float32, device=x2d.device)
+    acc = _workspace(prep, "acc", (2, M, Np), torch.float32, dev)
     acc[0].zero_()
+    c1, c2, c3, B_blocks = prep["c1"], prep["c2"], prep["c3"], prep["B_blocks"]
     for i in range(G):
-        int8_gemm(A_blocks[i], prep["B_blocks"][i], "kblock_accumulate", out=acc[(i + 1) % 2],
-                  C=acc[i % 2], r1=r1[i], c1=prep["c1"][i], r2=r2[i], c2=prep["c2"][i], r3=r3[i], c3=prep["c3"][i])
+        int8_gemm(A_blocks[i], B_blocks[i], "kblock_accumulate", out=acc[(i + 1) % 2],
+                  C=acc[i % 2], r1=r1[i], c1=c1[i], r2=r2[i], c2=c2[i], r3=r3[i], c3=c3[i])
     return acc[G % 2]
 
 
 def _literal(x2d: torch.Tensor, qw, prep: dict, bias, act: int) -> torch.Tensor:
     M, K = x2d.shape
-    bs, G, Np = qw.block_size, prep["G"], prep["Np"]
+    bs, G, Np, N = qw.block_size, prep["G"], prep["Np"], qw.N
     dev = x2d.device
-    A_q = torch.empty((M, bs), dtype=torch.int8, device=dev)
-    sA = torch.empty((M, G), dtype=torch.float32, device=dev)
-    oA = torch.empty((M, G), dtype=torch.float32, device=dev)
-    sum_A = torch.empty((M, G), dtype=torch.int32, device=dev)
-    C_q = torch.empty((M, Np), dtype=torch.int32, device=dev)
-    out = torch.zeros((M, Np), dtype=torch.float32, device=dev)
+    A_q = _workspace(prep, "A_q", (M, bs), torch.int8, dev)
+    sA = _workspace(prep, "sA", (M, G), torch.float32, dev)
+    oA = _workspace(prep, "oA", (M, G), torch.float32, dev)
+    sum_A = _workspace(prep, "sum_A", (M, G), torch.int32, dev)
+    C_q = _workspace(prep, "C_q", (M, Np), torch.int32, dev)
+    out = _workspace(prep, "out", (M, Np), torch.float32, dev)
+    out.zero_()
     for i in range(G):
         quantize_activation_block_gpu(x2d, i * bs, bs, A_q, sA, oA, sum_A, group=i)
         int8_gemm(A_q, prep["B_blocks"][i], "none", out=C_q)
-        dequant_and_acc_gpu(C_q, out[:, : qw.N], sA, oA, sum_A, prep["sB"][: qw.N], prep["oB"][: qw.N],
-                            prep["sum_B"][: qw.N], group=i, block_len=bs)
+        dequant_and_acc_gpu(C_q, out[:, :N], sA, oA, sum_A, prep["sB"][:N], prep["oB"][:N], prep["sum_B"][:N],
+                            group=i, block_len=bs)
     return out
 
 
