@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import call_us, table  # noqa: E402
+from _timing import call_us, host_us, kernel_us, table  # noqa: E402
 
 import cutlass_ops as ops  # noqa: E402
 from cutlass_ops.ops.quant import quantize_activation_gpu  # noqa: E402
@@ -43,6 +43,9 @@ def main() -> int:
         quantized = quantize_activation_gpu(x, bs)
         kernel_only = lambda: linear_w8a8_fused(None, qw, None, 0, quantized_A=quantized,  # noqa: E731
                                                 out_dtype=torch.float16)
+        quant_only = lambda: quantize_activation_gpu(x, bs)  # noqa: E731
+        rows.append([M, "QuantA alone (device us / host us)", kernel_us(quant_only), host_us(quant_only)])
+        rows.append([M, "fused kernel alone (device us / host us)", kernel_us(kernel_only), host_us(kernel_only)])
         cases = [("fused kernel (A pre-quantized)", kernel_only)]
         cases += [(f"linear_w8a8 path={p}", (lambda p=p: ops.linear_w8a8(x, qw, path=p)))
                   for p in ("fused", "orchestrator", "literal")]

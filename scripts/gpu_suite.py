@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ["bench_weight_only.py", "bench_int8_gemm.py", "bench_conv.py", "bench_w8a8.py"]
+BENCHES = ["bench_weight_only.py", "bench_int8_gemm.py", "bench_conv.py", "bench_w8a8.py", "bench_w8a8_fused.py"]
 
 
 def versions() -> dict[str, str]:
@@ -47,6 +47,12 @@ def versions() -> dict[str, str]:
 
 def run_pytest(log_path: Path, extra: list[str]) -> tuple[int, str]:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra]
+    try:  # pytest-xdist, where installed: spread the tests (and their first NVRTC builds) over workers
+        import xdist  # noqa: F401
+
+        cmd += ["-n", str(min(8, os.cpu_count() or 1))]
+    except ImportError:
+        pass
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     text = proc.stdout + proc.stderr
