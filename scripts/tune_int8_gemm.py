@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -65,6 +65,10 @@ def spec_for(kernel_cc: str, tile: dict, target: str) -> GemmKernelSpec:
         alignment_D=alignment_D(int(kernel_cc), "f16"))
 
 
+def _build(spec_dict: dict) -> bool:
+    return build(GemmKernelSpec.from_dict(spec_dict))[1]
+
+
 def time_candidate(spec: GemmKernelSpec, bucket: str) -> float:
     import torch
 
@@ -94,8 +98,9 @@ def main() -> int:
         target = args.target or "90"
         specs = [spec_for(cc, tile, target) for cc in args.archs for tiles in CANDIDATES[cc].values()
                  for tile in tiles]
-        with ThreadPoolExecutor(max(1, args.jobs)) as pool:  # each build runs nvcc subprocesses
-            for spec, (_, hit) in zip(specs, pool.map(build, specs)):
+        # one process per build: the CUTLASS interface keeps process-wide state while emitting
+        with ProcessPoolExecutor(max(1, args.jobs)) as pool:
+            for spec, hit in zip(specs, pool.map(_build, [s.to_dict() for s in specs])):
                 print(f"{'cached' if hit else 'built '} {spec.name}", flush=True)
         return 0
 
