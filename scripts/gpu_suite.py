@@ -112,7 +112,7 @@ def main() -> int:
     out.write_text("\n".join(report))
     print("\n".join(report))
     dest = os.environ.get("OUT")
-    if dest:
+    if dest and Path(dest).resolve() != work.resolve():
         for f in work.glob(f"{today}-{slug}*"):
             shutil.copy(f, dest)
     return rc
