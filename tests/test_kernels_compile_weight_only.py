@@ -111,7 +111,7 @@ def test_scale_offset_words_reject_float16_overflow():
     (32, torch.bfloat16, 80, 8, 128, "gemv_mma"),
     (64, torch.float16, 90, 4, 64, "gemv_mma"),
     (65, torch.float16, 90, 4, 64, "gemm_mma"),
-    (512, torch.float16, 90, 8, None, "gemm_mma"),
+    (512, torch.float16, 90, 8, None, "dequant_cublas"),
     (1, torch.float32, 90, 4, 64, "gemv_simt"),
     (9, torch.float32, 90, 4, 64, "gemm_simt"),
     (1, torch.float16, 75, 4, 64, "gemv_simt"),

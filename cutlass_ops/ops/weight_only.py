@@ -2,37 +2,58 @@
 
 Strategies (``strategy=`` forces one; the default picks by M, dtype and GPU):
 
-=========== ============================================ =========================================
-strategy    kernel (custom_kernels/kernels/)             applies to
-=========== ============================================ =========================================
-gemv_mma    gemv_weight_only.cu ``gemv_mma_mt*``          M <= 64, fp16/bf16, sm_80+; block_size /
-            tensor cores with swapped operands, split-K   (32 int4 | 16 int8) a power of two or
-                                                          per-channel
-gemv_simt   gemv_weight_only.cu ``gemv_simt_m*``          M <= 8, any dtype; block_size % 32 (int4)
-            warp per row, fp32 arithmetic                 or % 16 (int8)
-gemv_dp4a   gemv_dp4a.cu: q8_1 activations, __dp4a        M <= 8, int8 weights, block_size % 32;
-                                                          APPROXIMATE (activations rounded to int8)
-gemm_mma    gemm_weight_only.cu ``gemm_mma_mt*``          any M, fp16/bf16, sm_80+; block_size % 16
-            mma.sync (weights as the A operand),
-            cp.async pipeline
-gemm_simt   gemm_weight_only.cu ``gemm_simt``             anything (the fallback)
-=========== ============================================ =========================================
+============== ============================================ =========================================
+strategy       kernel (custom_kernels/kernels/)             applies to
+============== ============================================ =========================================
+gemv_mma       gemv_weight_only.cu ``gemv_mma_mt*``          M <= 64, fp16/bf16, sm_80+; block_size /
+               tensor cores with swapped operands, split-K   (32 int4 | 16 int8) a power of two or
+                                                             per-channel
+gemv_stream    gemv_weight_only.cu ``gemv_stream_m*``        M <= 8, fp16/bf16, any arch; K and
+               CUDA cores, two trips of 16-byte loads in     block_size multiples of 32 (int4) or
+               flight per lane, activations in shared        16 (int8)
+               memory, split-K for small N
+gemv_simt      gemv_weight_only.cu ``gemv_simt_m*``          M <= 8, any dtype; block_size % 32 (int4)
+               warp per row, fp32 arithmetic                 or % 16 (int8)
+gemv_dp4a      gemv_dp4a.cu: q8_1 activations, __dp4a        M <= 8, int8 weights, block_size % 32;
+                                                             APPROXIMATE (activations rounded to int8)
+gemm_mma       gemm_weight_only.cu ``gemm_mma_mt*``          any M, fp16/bf16, sm_80+; block_size % 16
+               mma.sync (weights as the A operand),
+               cp.async pipeline
+dequant_cublas dequant_weight.cu ``dequant_weight`` writes   any M; fp16 any arch, bf16 sm_80+, fp32;
+               W [N, K] in the activation type (transient),  block_size % 8 (int4) or % 4 (int8)
+               then torch.addmm / matmul (cuBLAS)
+gemm_simt      gemm_weight_only.cu ``gemm_simt``             anything (the fallback)
+============== ============================================ =========================================
 
-Default: the first that applies of gemv_mma (fp16/bf16, sm_80+, M <= ``GEMV_MMA_MAX_M``),
-gemv_simt (M <= 8), gemm_mma (fp16/bf16, sm_80+), gemm_simt. fp32 stays on CUDA cores: a tf32 path
-would round A and W to 10-bit mantissas. gemv_dp4a changes the numerics and is only used when asked for.
-The tensor-core kernels dequantize to the activation type (w = q * s + o rounded once, with s and o
-rounded to that type) and accumulate in fp32; the CUDA-core kernels compute in fp32 throughout.
+Default: the first that applies of
+  dequant_cublas (fp16/bf16, M >= ``DEQUANT_CUBLAS_MIN_M``),
+  ``SMALL_M_GEMV[M]`` (fp16/bf16, sm_80+, M <= 8: "gemv_mma" or "gemv_stream", a table to flip after
+  measuring), gemv_mma (fp16/bf16, sm_80+, M <= ``GEMV_MMA_MAX_M``), gemv_simt (M <= 8),
+  gemm_mma (fp16/bf16, sm_80+), gemm_simt.
+fp32 stays on CUDA cores: a tf32 path would round A and W to 10-bit mantissas (a forced dequant_cublas
+in fp32 follows torch's matmul precision setting). gemv_dp4a changes the numerics and is only used
+when asked for.
+
+Numerics: the tensor-core kernels dequantize to the activation type (w = q * s + o rounded once, with
+s and o rounded to that type) and accumulate in fp32; gemv_stream sums x * q in the activation type
+over one 16-byte chunk (32 int4 / 16 int8 products, 16 / 8 per half of a pair; float16 activation
+rows with max |x| > 256 (int4) / 32 (int8) are scaled by a power of two first, so no partial sum can
+overflow), then applies s and o (rounded to that type) in fp32; dequant_cublas computes
+w = fma(q, s, o) in fp32 with fp32 s and o and rounds once to the activation type, then cuBLAS
+(fp32 accumulation; torch's reduced-precision-reduction flags apply). The CUDA-core kernels
+gemv_simt / gemm_simt compute in fp32 throughout.
 
 Per weight, everything derived once is cached on the QuantizedWeight (attribute ``_kernel_cache``):
-the (scale, offset) pairs packed as two 16-bit halves per int32 for the tensor-core kernels, and
-one launch plan per (strategy, M, dtype, device) with its argument block prebuilt, so that a call
-only writes the per-call pointers. A plan notices a replaced qweight/scale/offset tensor or an
-in-place change of scale/offset and is rebuilt.
+the (scale, offset) pairs packed as two 16-bit halves per int32 for the tensor-core and gemv_stream
+kernels, and one launch plan per (strategy, M, dtype, device) with its argument block prebuilt, so
+that a call only writes the per-call pointers. A plan notices a replaced qweight/scale/offset tensor
+or an in-place change of scale/offset and is rebuilt. dequant_cublas keeps no dense copy of W: it is
+written to a fresh torch allocation (the caching allocator recycles it) on every call.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import math
 import threading
@@ -47,15 +68,29 @@ from cutlass_ops.ops._loader import load_kernel
 
 log = logging.getLogger(__name__)
 
-__all__ = ["STRATEGIES", "GEMV_MMA_MAX_M", "GemmConfig", "GEMM_CONFIGS", "linear_weight_only", "choose_strategy",
-           "strategy_problem"]
+__all__ = ["STRATEGIES", "GEMV_MMA_MAX_M", "DEQUANT_CUBLAS_MIN_M", "SMALL_M_GEMV", "GemmConfig", "GEMM_CONFIGS",
+           "linear_weight_only", "dequantize_weight", "choose_strategy", "strategy_problem", "StreamShape",
+           "stream_launch_shape"]
 
-STRATEGIES = ("gemv_mma", "gemv_simt", "gemv_dp4a", "gemm_mma", "gemm_simt")
+# Every strategy name (benchmarks and tests iterate over this).
+STRATEGIES = ("gemv_mma", "gemv_stream", "gemv_simt", "gemv_dp4a", "gemm_mma", "dequant_cublas", "gemm_simt")
 # Default switch from the tensor-core GEMV to the GEMM. H200, N = K = 8192, W4A16: gemv_mma 23 us at
 # M = 16, 39 us at 32, 62 us at 64; gemm_mma 103-106 us at M = 16..64.
 GEMV_MMA_MAX_M = 64
+# From this M on, fp16/bf16 go through dequant_cublas. H200, N = K = 8192, W4A16 g128: gemm_mma 149 us
+# at M = 256 and 2272 us at M = 4096 (0.37x fp16 cuBLAS: 54 / 808 us). Predicted dequant_cublas: the
+# dequantization moves 32 MB + 128 MB (about 40-50 us at 4.25 TB/s), so ~105 us at M = 256 and
+# ~860 us (0.94x cuBLAS) at M = 4096; at M = 64 gemv_mma (62 us) beats ~46 + 45 us. To be adjusted
+# after measuring (gemm_mma measured 103-106 us at M = 16..64, so M = 65..127 may also gain).
+DEQUANT_CUBLAS_MIN_M = 128
+# Small-M GEMV per M on sm_80+ fp16/bf16: "gemv_mma" (tensor cores) or "gemv_stream" (CUDA cores).
+# Unmeasured so far: gemv_mma stays the default (H200, 8192^2 W4A16: 19.3 us at M = 1, 43% of copy
+# bandwidth); flip entries, e.g. SMALL_M_GEMV.update({1: "gemv_stream", 2: "gemv_stream"}), once
+# scripts/bench_weight_only.py shows gemv_stream ahead. Default plans are cached per weight: a change
+# here (or to DEQUANT_CUBLAS_MIN_M) applies to weights not yet called with that M.
+SMALL_M_GEMV: dict[int, str] = {M: "gemv_mma" for M in range(1, 9)}
 _GEMV_MMA_LIMIT_M = 64   # kMTiles = 8 tiles of 8 rows
-_GEMV_MAX_M = 8          # gemv_simt / gemv_dp4a instantiate M = 1..8
+_GEMV_MAX_M = 8          # gemv_simt / gemv_stream / gemv_dp4a instantiate M = 1..8
 
 _ELEMENT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
@@ -81,7 +116,7 @@ GEMM_CONFIGS = (GemmConfig(64), GemmConfig(128))
 def default_gemm_config(M: int) -> GemmConfig:
     """64-row tiles up to M = 64 (measured 1.3x faster than 128 at M = 16..32 on an H200), else 128."""
     return GemmConfig(64 if M <= 64 else 128)
-_CTYPES = {"P": ctypes.c_uint64, "i": ctypes.c_int32}
+_CTYPES = {"P": ctypes.c_uint64, "i": ctypes.c_int32, "q": ctypes.c_int64}
 
 # torch's C++ accessor is several times cheaper than torch.cuda.current_stream(); fall back if absent.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -162,11 +197,17 @@ def strategy_problem(strategy: str, M: int, dtype: torch.dtype, qw, cc: int) -> 
             return f"gemm_mma needs block_size % 16 == 0, got block_size={bs}"
         if K % ce:
             return f"gemm_mma needs K % {ce} == 0 for {bits}-bit weights, got K={K}"
-    elif strategy == "gemv_simt":
+    elif strategy in ("gemv_simt", "gemv_stream"):
+        if strategy == "gemv_stream" and dtype == torch.float32:
+            return "gemv_stream needs float16/bfloat16 activations, got float32"
         if M > _GEMV_MAX_M:
-            return f"gemv_simt takes M <= {_GEMV_MAX_M}, got M={M}"
+            return f"{strategy} takes M <= {_GEMV_MAX_M}, got M={M}"
         if K % ce or bs % ce:
-            return f"gemv_simt needs K and block_size multiples of {ce}, got K={K}, block_size={bs}"
+            return f"{strategy} needs K and block_size multiples of {ce}, got K={K}, block_size={bs}"
+    elif strategy == "dequant_cublas":
+        if dtype == torch.bfloat16 and cc < 80:
+            return f"dequant_cublas in bfloat16 needs sm_80+ (cuBLAS bf16 GEMM), this GPU is sm_{cc}"
+        return _dequant_problem(qw)
     elif strategy == "gemv_dp4a":
         if bits != 8:
             return f"gemv_dp4a needs int8 weights, got bits={bits}"
@@ -182,7 +223,12 @@ def strategy_problem(strategy: str, M: int, dtype: torch.dtype, qw, cc: int) -> 
 def choose_strategy(M: int, dtype: torch.dtype, qw, cc: int) -> str:
     """The default strategy for this problem (see the module docstring)."""
     tensor_cores = dtype != torch.float32 and cc >= 80
-    order = ["gemv_mma"] if tensor_cores and M <= GEMV_MMA_MAX_M else []
+    order = ["dequant_cublas"] if dtype != torch.float32 and M >= DEQUANT_CUBLAS_MIN_M else []
+    if tensor_cores and M in SMALL_M_GEMV:
+        if SMALL_M_GEMV[M] not in ("gemv_mma", "gemv_stream"):
+            raise ValueError(f"SMALL_M_GEMV[{M}] must be 'gemv_mma' or 'gemv_stream', got {SMALL_M_GEMV[M]!r}")
+        order.append(SMALL_M_GEMV[M])
+    order += ["gemv_mma"] if tensor_cores and M <= GEMV_MMA_MAX_M else []
     order += ["gemv_simt"] if M <= _GEMV_MAX_M else []
     order += ["gemm_mma"] if tensor_cores else []
     order += ["gemm_simt"]
@@ -257,24 +303,128 @@ def _plan_gemv_mma(qw, M: int, dtype, dev: int) -> Callable:
                    (blocks_n, splits), (32 * warps,), 0,
                    [0, qw.qweight.data_ptr(), so.data_ptr(), 0, 0, 0, M, N, K, G, group_shift, per_split, 0],
                    (0, 3, 4, 5, 12), dev)
+    return _gemv_run(gemv, splits, M, N, defines, dev, so)
+
+
+def _gemv_run(gemv: _Launch, splits: int, M: int, N: int, defines: dict, dev: int, keep) -> Callable:
+    """run() for a GEMV launch taking (x, bias, out, workspace, act) as its dynamic arguments: direct
+    (one split), or into an fp32 workspace [splits, M, N] that splitk_reduce sums in a fixed order."""
     if splits == 1:
         def run(x, bias, act, out):
             gemv(x.data_ptr(), bias, out.data_ptr(), 0, act)
-        run.keep = so
+        run.keep = keep
         return run
 
     rsig = "PPPiiii"
     total = M * N
     reduce = _Launch(load_kernel("gemv_weight_only.cu", "splitk_reduce", rsig, defines), rsig,
-                     (min(-(-total // 256), 8 * sm),), (256,), 0,
+                     (min(-(-total // 256), 8 * _sm_count(dev)),), (256,), 0,
                      [0, 0, 0, M, N, splits, 0], (0, 1, 2, 6), dev)
 
     def run(x, bias, act, out):
         workspace = torch.empty((splits, M, N), dtype=torch.float32, device=x.device)
         gemv(x.data_ptr(), bias, out.data_ptr(), workspace.data_ptr(), act)
         reduce(workspace.data_ptr(), bias, out.data_ptr(), act)
-    run.keep = so
+    run.keep = keep
     return run
+
+
+# ---------------------------------------------------------------------------------------------
+# gemv_stream
+# ---------------------------------------------------------------------------------------------
+
+_STREAM_ROWS = 4          # kStreamRows in gemv_weight_only.cu: weight rows per warp
+_STREAM_WARPS = 8         # kStreamWarps: warps per block
+_STREAM_MIN_BLOCKS = 2    # kStreamMinBlocks: the __launch_bounds__ minimum of blocks per SM
+_STREAM_STATIC_SMEM = 64  # the kernel's static shared memory (amax_bits[8]), rounded up
+
+
+@dataclass(frozen=True)
+class StreamShape:
+    """gemv_stream launch: ``splits`` K ranges (gridDim.y) of ``chunks_per_split`` 16-byte chunks,
+    ``grid_x`` persistent blocks per split, ``smem`` bytes of dynamic shared memory per block."""
+
+    splits: int
+    chunks_per_split: int
+    grid_x: int
+    smem: int
+
+
+def stream_launch_shape(M: int, N: int, K: int, bits: int, sm_count: int, smem_per_sm: int, smem_per_block: int,
+                        smem_reserved: int, blocks_per_sm: int = _STREAM_MIN_BLOCKS) -> StreamShape:
+    """The gemv_stream launch for one problem on one GPU (pure arithmetic, no GPU needed).
+
+    A block stages its K range of the M activation rows (2 bytes per element, plus an fp32 sum per
+    chunk) in shared memory, which must leave room for ``_STREAM_MIN_BLOCKS`` blocks per SM: K is
+    split when it does not fit, and further when the row groups (4 rows each) fill at most half of the
+    warp slots (floor(slots / row groups) splits, each keeping >= 64 chunks). ``blocks_per_sm``
+    (the measured occupancy) sizes the persistent grid: about one wave.
+    """
+    ce = _chunk_elems(bits)
+    chunks = K // ce
+    row_groups = -(-N // _STREAM_ROWS)
+    budget = min(smem_per_block, smem_per_sm // _STREAM_MIN_BLOCKS - smem_reserved) - _STREAM_STATIC_SMEM
+    chunk_bytes = M * (2 * ce + 4)
+    cap = budget // chunk_bytes
+    if cap < 1:
+        raise ValueError(f"gemv_stream: {budget} bytes of shared memory per block cannot hold one chunk of "
+                         f"M={M} activation rows")
+    splits = -(-chunks // cap)
+    slots = sm_count * _STREAM_MIN_BLOCKS * _STREAM_WARPS
+    splits = max(splits, min(slots // row_groups, chunks // 64))
+    per_split = -(-chunks // splits)
+    splits = -(-chunks // per_split)
+    grid_x = max(1, min(-(-row_groups // _STREAM_WARPS), -(-sm_count * max(1, blocks_per_sm) // splits)))
+    return StreamShape(splits, per_split, grid_x, M * per_split * (2 * ce + 4))
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_limits(device_index: int) -> tuple[int, int, int]:
+    """(shared memory per SM, opt-in maximum per block, reserved per block) in bytes."""
+    check(driver.cuInit(0), "cuInit")
+    dev = check(driver.cuDeviceGet(device_index), "cuDeviceGet")
+    attr = driver.CUdevice_attribute
+    return tuple(check(driver.cuDeviceGetAttribute(a, dev), f"cuDeviceGetAttribute({a.name})")
+                 for a in (attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                           attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                           attr.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK))
+
+
+def _aligned_qweight(qw) -> torch.Tensor:
+    """qw.qweight, or a contiguous 16-byte aligned copy of it (the 16-byte loads need both); the plan keeps it."""
+    t = qw.qweight
+    if t.is_contiguous() and t.data_ptr() % 16 == 0:
+        return t
+    log.info("copying qw.qweight (non-contiguous or not 16-byte aligned) for the 16-byte loads")
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _plan_gemv_stream(qw, M: int, dtype, dev: int) -> Callable:
+    defines = {"WO_ELEMENT": _ELEMENT[dtype], "WO_BITS": qw.bits}
+    ce = _chunk_elems(qw.bits)
+    K, N, G = qw.K, qw.N, qw.num_groups
+    qweight = _aligned_qweight(qw)
+    chunks_per_group = qw.block_size // ce
+    group_shift = 30 if G == 1 else (int(math.log2(chunks_per_group)) if _is_pow2(chunks_per_group) else -1)
+    sig = "PPPPPPiiiiiii"
+    kernel = load_kernel("gemv_weight_only.cu", f"gemv_stream_m{M}", sig, defines)
+    sm = _sm_count(dev)
+    limits = _smem_limits(dev)
+    shape = stream_launch_shape(M, N, K, qw.bits, sm, *limits)
+    kernel.set_max_dynamic_smem(shape.smem)
+    occupancy = check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        kernel.function(dev), 32 * _STREAM_WARPS, shape.smem), f"cuOccupancyMaxActiveBlocksPerMultiprocessor("
+                      f"gemv_stream_m{M})")
+    if occupancy < 1:
+        raise RuntimeError(f"gemv_stream_m{M} cannot run with {shape.smem} bytes of shared memory on device {dev}")
+    if occupancy != _STREAM_MIN_BLOCKS:
+        log.debug("gemv_stream_m%d: %d blocks per SM (expected %d)", M, occupancy, _STREAM_MIN_BLOCKS)
+        shape = stream_launch_shape(M, N, K, qw.bits, sm, *limits, blocks_per_sm=occupancy)
+    so = _scale_offset_words(qw, dtype)
+    gemv = _Launch(kernel, sig, (shape.grid_x, shape.splits), (32 * _STREAM_WARPS,), shape.smem,
+                   [0, qweight.data_ptr(), so.data_ptr(), 0, 0, 0, N, K, G, group_shift, chunks_per_group,
+                    shape.chunks_per_split, 0], (0, 3, 4, 5, 12), dev)
+    return _gemv_run(gemv, shape.splits, M, N, defines, dev, (so, qweight))
 
 
 def _plan_gemv_simt(qw, M: int, dtype, dev: int) -> Callable:
@@ -355,13 +505,89 @@ def _plan_gemm_simt(qw, M: int, dtype, dev: int) -> Callable:
     return run
 
 
+# ---------------------------------------------------------------------------------------------
+# dequant_cublas: dequantize to a transient dense W, then cuBLAS
+# ---------------------------------------------------------------------------------------------
+
+_DEQUANT_WARPS = 8          # kWarps in dequant_weight.cu
+_DEQUANT_BLOCKS_PER_SM = 2  # its __launch_bounds__ minimum: one wave of persistent blocks
+_DEQUANT_WORDS_PER_TILE = 128  # 32 lanes x 16 bytes
+
+
+def _dequant_problem(qw) -> str | None:
+    """Why the dequant_weight kernel cannot handle ``qw`` (None if it can)."""
+    word = 32 // qw.bits  # K elements per 32-bit word of qweight
+    if qw.block_size % word:
+        return f"dequant_cublas needs block_size % {word} == 0 for {qw.bits}-bit weights, got block_size={qw.block_size}"
+    if qw.N * qw.K * qw.bits // 8 // 16 >= 2 ** 31:
+        return f"dequant_cublas indexes 16-byte chunks with int32, N * K = {qw.N * qw.K} is too large"
+    return None
+
+
+def _plan_dequant(qw, dtype, dev: int) -> Callable:
+    """dequant(W) writes q * scale + offset into the contiguous [N, K] ``dtype`` tensor W and returns it."""
+    defines = {"WO_ELEMENT": _ELEMENT[dtype], "WO_BITS": qw.bits}
+    qweight, scale, offset = _aligned_qweight(qw), qw.scale.contiguous(), qw.offset.contiguous()
+    bs = qw.block_size
+    chunk_elems = _chunk_elems(qw.bits)
+    total_words = qw.N * qw.K * qw.bits // 32
+    tiles = total_words // _DEQUANT_WORDS_PER_TILE
+    blocks = max(1, min(-(-tiles // _DEQUANT_WARPS), _DEQUANT_BLOCKS_PER_SM * _sm_count(dev)))
+    sig = "PPPPqiii"
+    launch = _Launch(load_kernel("dequant_weight.cu", "dequant_weight", sig, defines), sig, (blocks,),
+                     (32 * _DEQUANT_WARPS,), 0,
+                     [qweight.data_ptr(), scale.data_ptr(), offset.data_ptr(), 0, total_words, bs,
+                      int(math.log2(bs)) if _is_pow2(bs) else -1, int(bs % chunk_elems == 0)], (3,), dev)
+
+    def dequant(w: torch.Tensor) -> torch.Tensor:
+        launch(w.data_ptr())
+        return w
+    dequant.keep = (qweight, scale, offset)
+    return dequant
+
+
+def _get_dequant(qw, dtype, dev: int) -> Callable:
+    cache = _cache(qw)
+    key = ("dequant", dtype, dev)
+    sig = _signature(qw)
+    entry = cache.get(key)
+    if entry is not None and entry[0] == sig:
+        return entry[1]
+    with torch.cuda.device(dev):
+        dequant = _plan_dequant(qw, dtype, dev)
+    cache[key] = (sig, dequant)
+    return dequant
+
+
+def _plan_dequant_cublas(qw, M: int, dtype, dev: int) -> Callable:
+    N, K = qw.N, qw.K
+    # A changed qw rebuilds this plan (_get_plan), and with it the dequantization launch.
+    dequant = _get_dequant(qw, dtype, dev)
+
+    def run(x, bias, act, out):
+        w = dequant(torch.empty((N, K), dtype=x.dtype, device=x.device))  # transient: back to the allocator
+        with torch.no_grad():  # like the raw kernels (out= ops refuse inputs that require grad)
+            if bias is None:
+                torch.matmul(x, w.t(), out=out)
+            else:
+                torch.addmm(bias, x, w.t(), out=out)
+            if act == 1:
+                out.clamp_(min=0)
+            elif act == 2:
+                out.clamp_(0, 6)
+    run.bias_tensor = True  # run() takes the bias tensor (or None), not its address
+    return run
+
+
 _CONFIG_TYPES = {"gemm_mma": GemmConfig}
 
 _PLANNERS = {
     "gemv_mma": _plan_gemv_mma,
+    "gemv_stream": _plan_gemv_stream,
     "gemv_simt": _plan_gemv_simt,
     "gemv_dp4a": _plan_gemv_dp4a,
     "gemm_mma": _plan_gemm_mma,
+    "dequant_cublas": _plan_dequant_cublas,
     "gemm_simt": _plan_gemm_simt,
 }
 
@@ -385,6 +611,7 @@ def _get_plan(qw, M: int, dtype, dev: int, strategy: str | None, config=None) ->
     with torch.cuda.device(dev):
         run = _PLANNERS[chosen](qw, M, dtype, dev, *(() if config is None else (config,)))
     run.strategy = chosen
+    run.bias_tensor = getattr(run, "bias_tensor", False)
     cache[key] = (sig, run)
     return run
 
@@ -392,6 +619,29 @@ def _get_plan(qw, M: int, dtype, dev: int, strategy: str | None, config=None) ->
 # ---------------------------------------------------------------------------------------------
 # entry point
 # ---------------------------------------------------------------------------------------------
+
+def dequantize_weight(qw, dtype: torch.dtype = torch.float16, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """W = q * scale + offset as a dense [N, K] ``dtype`` tensor on qw's CUDA device (the kernel of
+    strategy "dequant_cublas": fp32 fma with fp32 scale/offset, rounded once to ``dtype``).
+
+    out: optional contiguous [N, K] ``dtype`` tensor on that device, 16-byte aligned, written in full.
+    """
+    if dtype not in _ELEMENT:
+        raise TypeError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
+    if not qw.qweight.is_cuda:
+        raise ValueError(f"qw must be on a CUDA device, got {qw.qweight.device}")
+    problem = _dequant_problem(qw)
+    if problem is not None:
+        raise ValueError(problem)
+    shape = (qw.N, qw.K)
+    if out is None:
+        out = torch.empty(shape, dtype=dtype, device=qw.qweight.device)
+    elif (out.shape != shape or out.dtype != dtype or out.device != qw.qweight.device or not out.is_contiguous()
+          or out.data_ptr() % 16):
+        raise ValueError(f"out must be a contiguous, 16-byte aligned {list(shape)} {dtype} tensor on "
+                         f"{qw.qweight.device}, got {tuple(out.shape)} {out.dtype} on {out.device}")
+    return _get_dequant(qw, dtype, qw.qweight.device.index)(out)
+
 
 def linear_weight_only(x2d: torch.Tensor, qw, bias: torch.Tensor | None = None, act: int = 0, *,
                        strategy: str | None = None, out: torch.Tensor | None = None, config=None) -> torch.Tensor:
@@ -433,5 +683,5 @@ def linear_weight_only(x2d: torch.Tensor, qw, bias: torch.Tensor | None = None, 
     if M == 0:
         return out
     run = _get_plan(qw, M, x2d.dtype, x2d.device.index, strategy, config)
-    run(x2d, 0 if bias is None else bias.data_ptr(), act, out)
+    run(x2d, bias if run.bias_tensor else (0 if bias is None else bias.data_ptr()), act, out)
     return out
