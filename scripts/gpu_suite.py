@@ -81,7 +81,8 @@ def main() -> int:
     p.add_argument("--skip-bench", action="store_true")
     p.add_argument("--bench", nargs="*", default=BENCHES, help="benchmark scripts to run")
     p.add_argument("--bench-timeout", type=int, default=240)
-    p.add_argument("pytest_args", nargs="*", help="extra pytest arguments (e.g. -k conv)")
+    p.add_argument("pytest_args", nargs="*", default=["-m", "gpu"],
+                   help="pytest arguments (default: -m gpu, the GPU tests; CI runs the CPU tests)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("gpu_suite.py needs an NVIDIA GPU", file=sys.stderr)
@@ -99,7 +100,7 @@ def main() -> int:
     rc = 0
     if not args.skip_tests:
         rc, summary = run_pytest(work / f"{today}-{slug}-pytest.log", args.pytest_args)
-        report += ["## pytest (all tests, GPU tests included)", "", f"    {summary}", ""]
+        report += [f"## pytest {' '.join(args.pytest_args)}", "", f"    {summary}", ""]
         print(f"pytest: {summary}", flush=True)
     if not args.skip_bench:
         for name in args.bench:
