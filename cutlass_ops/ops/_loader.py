@@ -25,3 +25,16 @@ def load_kernel(filename: str, name: str, signature: str, defines: Mapping[str, 
     """Kernel ``name`` from ``custom_kernels/kernels/<filename>`` built for the current device."""
     arch = arch or target_arch()
     return _module(filename, arch, tuple(sorted((defines or {}).items()))).kernel(name, signature)
+
+
+def on_device(device):
+    """``torch.cuda.device(device)``, or a no-op when it is already current (entering the real
+    context costs microseconds on every launch)."""
+    import contextlib
+
+    import torch
+
+    index = device.index if isinstance(device, torch.device) else device
+    if index is None or index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(index)

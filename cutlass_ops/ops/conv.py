@@ -28,7 +28,7 @@ from cutlass_ops._validate import (
     parse_activation, parse_pair,
 )
 from cutlass_ops.formats import QuantizedWeight
-from cutlass_ops.ops._loader import load_kernel
+from cutlass_ops.ops._loader import load_kernel, on_device
 from custom_kernels.launcher import Kernel, device_capability
 
 __all__ = ["conv2d_weight_only", "conv2d_output_shape", "STRATEGIES"]
@@ -249,7 +249,7 @@ def conv2d_weight_only(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor 
     if device == torch.cuda.current_device():
         _launch(plan, x, qw, bias, out, channels_last)
     else:
-        with torch.cuda.device(device):
+        with on_device(device):
             _launch(plan, x, qw, bias, out, channels_last)
     return out
 

@@ -14,7 +14,7 @@ import math
 import torch
 
 from cutlass_ops._validate import FLOAT_DTYPES, check_block_size, check_cuda, check_dtype, check_ndim, parse_activation
-from cutlass_ops.ops._loader import load_kernel
+from cutlass_ops.ops._loader import load_kernel, on_device
 from custom_kernels.launcher import Kernel
 
 __all__ = [
@@ -86,7 +86,7 @@ def quantize_activation_gpu(x2d: torch.Tensor, block_size: int | None = None):
     sum_q = torch.empty((M, G), dtype=torch.int32, device=dev)
     if M * G:
         k = _kernel("quant_a.cu", f"quant_a_{_TAGS[x2d.dtype]}", _QUANT_A_SIGNATURE, _device(x2d))
-        with torch.cuda.device(dev):
+        with on_device(dev):
             k.launch((M * G, 1, 1), (_quant_a_threads(block_size), 1, 1),
                      (x2d, x2d.stride(0), A_q, K, scale, offset, sum_q, G, G, block_size))
     return A_q, scale, offset, sum_q
@@ -122,7 +122,7 @@ def quantize_activation_block_gpu(x2d: torch.Tensor, k_start: int, block_size: i
         return
     k = _kernel("quant_a.cu", f"quant_a_{_TAGS[x2d.dtype]}", _QUANT_A_SIGNATURE, _device(x2d))
     x_ptr = x2d.data_ptr() + k_start * x2d.element_size()
-    with torch.cuda.device(x2d.device):
+    with on_device(x2d.device):
         k.launch((M, 1, 1), (_quant_a_threads(block_size), 1, 1),
                  (x_ptr, x2d.stride(0), A_q, A_q.stride(0), s_ptr, o_ptr, q_ptr, ld, 1, block_size))
 
@@ -138,7 +138,7 @@ def sum_bq_gpu(qweight: torch.Tensor, block_size: int | None = None) -> torch.Te
     out = torch.empty((N, G), dtype=torch.int32, device=qweight.device)
     if N * G:
         k = _kernel("quant_a.cu", "precompute_sum_bq", _SUM_BQ_SIGNATURE, _device(qweight))
-        with torch.cuda.device(qweight.device):
+        with on_device(qweight.device):
             k.launch((math.ceil(N * G / _SUM_BQ_WARPS), 1, 1), (32 * _SUM_BQ_WARPS, 1, 1),
                      (qweight, qweight.stride(0), out, N, G, block_size))
     return out
@@ -175,7 +175,7 @@ def dequant_and_acc_gpu(Cq: torch.Tensor, out: torch.Tensor, scale_A: torch.Tens
         return
     k = _kernel("scheme2_epilogue.cu", f"dequant_and_acc_{_TAGS[out.dtype]}", _DEQUANT_ACC_SIGNATURE, _device(out))
     bx, by, _ = _DEQUANT_BLOCK
-    with torch.cuda.device(out.device):
+    with on_device(out.device):
         k.launch((math.ceil(N / bx), math.ceil(M / by), 1), _DEQUANT_BLOCK,
                  (Cq, Cq.stride(0), out, out.stride(0), sA, oA, qA, ld_a, sB, oB, qB, ld_b, M, N, block_len))
 
@@ -211,6 +211,6 @@ def bias_and_activation_gpu(data: torch.Tensor, bias: torch.Tensor | None = None
     name = f"bias_act_{_TAGS[data.dtype]}_{_TAGS[dst.dtype]}"
     k = _kernel("scheme2_epilogue.cu", name, _BIAS_ACT_SIGNATURE, _device(data))
     blocks = min(math.ceil(M * N / _THREADS), 65535)
-    with torch.cuda.device(data.device):
+    with on_device(data.device):
         k.launch((blocks, 1, 1), (_THREADS, 1, 1), (data, data.stride(0), dst, dst.stride(0), bias, M, N, act))
     return dst

@@ -64,7 +64,7 @@ import torch
 from cuda.bindings import driver
 
 from custom_kernels.launcher import check, device_capability
-from cutlass_ops.ops._loader import load_kernel
+from cutlass_ops.ops._loader import load_kernel, on_device
 
 log = logging.getLogger(__name__)
 
@@ -553,7 +553,7 @@ def _get_dequant(qw, dtype, dev: int) -> Callable:
     entry = cache.get(key)
     if entry is not None and entry[0] == sig:
         return entry[1]
-    with torch.cuda.device(dev):
+    with on_device(dev):
         dequant = _plan_dequant(qw, dtype, dev)
     cache[key] = (sig, dequant)
     return dequant
@@ -608,7 +608,7 @@ def _get_plan(qw, M: int, dtype, dev: int, strategy: str | None, config=None) ->
     if config is not None and not isinstance(config, _CONFIG_TYPES.get(chosen, ())):
         raise TypeError(f"config for strategy={chosen!r} must be a "
                         f"{_CONFIG_TYPES[chosen].__name__ if chosen in _CONFIG_TYPES else 'None'}, got {config!r}")
-    with torch.cuda.device(dev):
+    with on_device(dev):
         run = _PLANNERS[chosen](qw, M, dtype, dev, *(() if config is None else (config,)))
     run.strategy = chosen
     run.bias_tensor = getattr(run, "bias_tensor", False)
