@@ -68,7 +68,7 @@ def run_references() -> list[tuple[str, float]]:
             out = reference.linear_reference(x, qw, bias)
             rows.append((f"linear W{bits}A16 block={block or 'channel'}", sqnr_db(exact, out)))
     qw8 = ops.quantize_weight(w.float(), bits=8, block_size=128, symmetric=False)
-    out = reference.w8a8_kblock_reference(x, qw8, 128, bias, None)
+    out = reference.w8a8_kblock_reference(x.float(), qw8, 128, bias, None)  # QuantA takes fp16/bf16/fp32
     rows.append(("linear_w8a8 (scheme 2, block 128, asymmetric)", sqnr_db(exact, out)))
 
     xc = torch.randn(2, 64, 14, 14, generator=g, dtype=torch.float64)
