@@ -18,26 +18,7 @@
 #include "common.cuh"
 #include "converters.cuh"
 
-#ifndef WO_ELEMENT
-#define WO_ELEMENT 0
-#endif
-#ifndef WO_BITS
-#define WO_BITS 4
-#endif
-
-#if WO_ELEMENT == 0
-typedef __half element_t;
-#elif WO_ELEMENT == 1
-typedef __nv_bfloat16 element_t;
-#elif WO_ELEMENT == 2
-typedef float element_t;
-#else
-#error "WO_ELEMENT must be 0 (half), 1 (bfloat16) or 2 (float)"
-#endif
-
-#if WO_BITS != 4 && WO_BITS != 8
-#error "WO_BITS must be 4 or 8"
-#endif
+#include "weight_only_types.cuh"
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define WO_HAS_SM80 1

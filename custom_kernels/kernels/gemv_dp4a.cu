@@ -14,19 +14,7 @@
 // block_size a multiple of 32, K a multiple of 32).
 #include "common.cuh"
 
-#ifndef WO_ELEMENT
-#define WO_ELEMENT 0
-#endif
-
-#if WO_ELEMENT == 0
-typedef __half element_t;
-#elif WO_ELEMENT == 1
-typedef __nv_bfloat16 element_t;
-#elif WO_ELEMENT == 2
-typedef float element_t;
-#else
-#error "WO_ELEMENT must be 0 (half), 1 (bfloat16) or 2 (float)"
-#endif
+#include "weight_only_types.cuh"
 
 namespace cuops {
 namespace dp4a {
