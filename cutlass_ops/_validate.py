@@ -147,3 +147,15 @@ def check_same_device(tensors: Mapping[str, torch.Tensor | None], device: torch.
         if t is not None and t.device != device:
             raise ValueError(f"{name} is on {t.device} but {reference_name} is on {device}; "
                              f"all tensors must be on the same CUDA device")
+
+
+def check_conv_operands(x: torch.Tensor, qw, allowed: tuple) -> tuple[int, int, int, int]:
+    """(Co, Kh, Kw, Ci) of conv weight ``qw`` after checking ``x`` [B, Ci, H, W] against it."""
+    if qw.conv_shape is None:
+        raise ValueError("qw must be a conv weight (from quantize_conv_weight); its conv_shape is None")
+    check_dtype(x, "x", allowed)
+    check_ndim(x, "x", 4, "[B, Ci, H, W]")
+    Co, Kh, Kw, Ci = qw.conv_shape
+    if x.shape[1] != Ci:
+        raise ValueError(f"x must have Ci={Ci} channels (dim 1) to match qw, got shape {tuple(x.shape)}")
+    return Co, Kh, Kw, Ci

@@ -11,7 +11,7 @@ import re
 import torch
 
 from cutlass_ops._validate import (
-    FLOAT_DTYPES, check_block_size, check_cuda, check_dtype, check_int, check_ndim, check_same_device,
+    FLOAT_DTYPES, check_block_size, check_conv_operands, check_cuda, check_dtype, check_int, check_ndim, check_same_device,
     check_shape, check_choice, parse_activation, parse_pair,
 )
 from cutlass_ops.formats import (
@@ -129,13 +129,7 @@ def conv2d(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = Non
            dilation=1, activation=None) -> torch.Tensor:
     """Weight-only quantized conv2d: x [B, Ci, H, W] (NCHW or channels_last) -> [B, Co, Oh, Ow]."""
     _check_qw(qw)
-    if qw.conv_shape is None:
-        raise ValueError("qw must be a conv weight (from quantize_conv_weight); its conv_shape is None")
-    check_dtype(x, "x", FLOAT_DTYPES)
-    check_ndim(x, "x", 4, "[B, Ci, H, W]")
-    Co, Kh, Kw, Ci = qw.conv_shape
-    if x.shape[1] != Ci:
-        raise ValueError(f"x must have Ci={Ci} channels (dim 1) to match qw, got shape {tuple(x.shape)}")
+    Co, Kh, Kw, Ci = check_conv_operands(x, qw, FLOAT_DTYPES)
     _check_bias(bias, Co)
     stride = parse_pair(stride, "stride", 1)
     padding = parse_pair(padding, "padding", 0)

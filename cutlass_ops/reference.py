@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from cutlass_ops._validate import (
-    FLOAT_DTYPES, check_dtype, check_int, check_ndim, check_shape, parse_activation, parse_pair,
+    FLOAT_DTYPES, check_conv_operands, check_dtype, check_int, check_ndim, check_shape, parse_activation, parse_pair,
 )
 from cutlass_ops.formats import QuantizedWeight, quantize_activation_reference
 
@@ -64,13 +64,7 @@ def conv2d_reference(x: torch.Tensor, qw: QuantizedWeight, bias=None, stride=1, 
                      activation=None) -> torch.Tensor:
     """act(conv2d(x, dequantize(qw)) + bias) in float64; x NCHW -> NCHW (F.conv2d in float64)."""
     _check_qw(qw)
-    if qw.conv_shape is None:
-        raise ValueError("qw must be a conv weight (from quantize_conv_weight); its conv_shape is None")
-    check_dtype(x, "x", _REF_DTYPES)
-    check_ndim(x, "x", 4, "[B, Ci, H, W]")
-    Co, Kh, Kw, Ci = qw.conv_shape
-    if x.shape[1] != Ci:
-        raise ValueError(f"x must have Ci={Ci} channels (dim 1), got shape {tuple(x.shape)}")
+    Co, Kh, Kw, Ci = check_conv_operands(x, qw, _REF_DTYPES)
     w = qw.to(x.device).dequantize(torch.float64)
     b = _bias64(bias, Co)
     y = F.conv2d(x.to(torch.float64), w, None if b is None else b.to(x.device),
