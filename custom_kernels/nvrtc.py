@@ -104,9 +104,11 @@ def compile_source(
         encoded = [o.encode() for o in opts]
         err, = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
         size = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        buf = b" " * size
+        # A fresh mutable buffer: b" " * 1 is CPython's shared b" " object, which NVRTC would overwrite
+        # with "\0" (breaking every later f-string compiled on Python 3.12+).
+        buf = bytearray(size)
         _check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
-        build_log = buf.decode(errors="replace").rstrip("\x00").strip()
+        build_log = bytes(buf).decode(errors="replace").rstrip("\x00").strip()
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise KernelCompileError(
                 f"NVRTC failed to compile {name} for sm_{arch}:\n{build_log}\noptions: {' '.join(key_opts)}"
@@ -114,8 +116,9 @@ def compile_source(
         if build_log:
             log.debug("NVRTC log for %s (sm_%s):\n%s", name, arch, build_log)
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        data = b" " * size
+        data = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(prog, data), "nvrtcGetCUBIN")
+        data = bytes(data)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     atomic_write(path, data)

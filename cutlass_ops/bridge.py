@@ -9,6 +9,11 @@ that runs the kernels. This module adapts it to emission for an explicit target 
 - Importing the interface creates ``compiled_cache.db`` in the current directory. The import runs
   with the working directory (and ``tempfile.tempdir``) switched to ``cache_dir("cutlass")/interface``
   and both are restored afterwards; the interface's cache path is then made absolute.
+- A C call handed ``b" " * 1`` as an output buffer writes into CPython's one shared ``b" "`` (an
+  empty NVRTC log does: ``b"\\x00"``); Python >= 3.12 compiles f-string parts through it, so the
+  interface compiled afterwards turns ``f"{a} {b} {c}"`` into "abc" (alignment keys "16168": every
+  emission fails with an IndexError). The shared one-byte objects are restored before the import,
+  and the imported interface is checked.
 - The option registry is never created from ``device_cc()``: :func:`target_registry` installs one
   per explicit target compute capability, and callers pass ``cc=`` everywhere.
 - The interface's own compiler (``compiler.add_module``) is not used: it needs a GPU, compiles for
@@ -18,6 +23,7 @@ that runs the kernels. This module adapts it to emission for an explicit target 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import importlib.metadata
 import logging
@@ -27,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import types
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -97,8 +104,40 @@ def nvcc_version() -> str:
     return match.group(1)
 
 
+_BYTE_VALUES = bytes(range(256))
+
+
+def _restore_shared_byte_objects() -> None:
+    """Undo in-place writes into CPython's shared one-byte ``bytes`` objects (see the module doc)."""
+    for value in range(256):
+        shared = _BYTE_VALUES[value:value + 1]  # a 1-byte slice is the shared object of that value
+        found = shared[0]
+        if found != value:
+            ctypes.memset(ctypes.cast(ctypes.c_char_p(shared), ctypes.c_void_p).value, value, 1)
+            log.warning("restored CPython's shared bytes object %r, which a C call had overwritten with %r "
+                        "(an output buffer made as b'...' * 1)", shared, found.to_bytes(1, "little"))
+
+
+def _check_interface_code() -> None:
+    """Raise if the interface's code was compiled while the shared ``b" "`` was overwritten."""
+    stub = types.SimpleNamespace
+    op = stub(A=stub(alignment=16), B=stub(alignment=16), C=stub(alignment=8),
+              tile_description=stub(math_instruction=stub(math_operation=None)))
+    kernels = _KernelsForDataType(None, None)
+    kernels.add(op)
+    keys = list(kernels.kernels_by_alignment)
+    if keys != ["16 16 8"]:
+        raise RuntimeError(
+            f"cutlass_cppgen was compiled while CPython's shared b' ' object was overwritten: its "
+            f"f-strings lost their spaces (alignment key {keys}). Import cutlass_ops.bridge before "
+            f"cutlass_cppgen in a new process; if this persists, delete the __pycache__ directories of "
+            f"cutlass_cppgen and cutlass_library under {Path(_cutlass.__file__).parent.parent}.")
+
+
 def _import_interface():
     with _LOCK:
+        # An earlier NVRTC compile may have zeroed b" ", which breaks f-strings compiled now (3.12+).
+        _restore_shared_byte_objects()
         if "cutlass_cppgen" in sys.modules:
             return sys.modules["cutlass_cppgen"]
         _install_legacy_cuda_modules()
@@ -131,7 +170,10 @@ import cutlass_library as _library  # noqa: E402  (imported by the interface its
 # the option registry needs it.
 import cutlass_library.generator  # noqa: E402,F401
 from cutlass_cppgen.library_defaults import ArchOptions as _ArchOptions  # noqa: E402
+from cutlass_cppgen.library_defaults import KernelsForDataType as _KernelsForDataType  # noqa: E402
 from cutlass_cppgen.library_defaults import OptionRegistry as _OptionRegistry  # noqa: E402
+
+_check_interface_code()
 
 
 def cutlass():
@@ -277,12 +319,26 @@ def tile_description(plan, *, threadblock_shape, stages, warp_count, cluster_sha
     })
 
 
-def trace_epilogue(fn: Callable, example_tensors: Mapping[str, Any], kernel_cc: int):
-    """Trace ``fn`` (an epilogue function) into an EVT visitor for ``kernel_cc`` (80 or 90)."""
-    if kernel_cc not in (80, 90):
-        raise ValueError(f"EVT epilogues need kernel_cc 80 or 90, got {kernel_cc}")
+def trace_epilogue(fn: Callable, example_tensors: Mapping[str, Any], kernel_cc: int, plan=None):
+    """Trace ``fn`` (an epilogue function) into an EVT visitor for ``kernel_cc`` (75, 80 or 90).
+
+    With ``plan`` (a :func:`gemm_plan` of the same ``kernel_cc``) the visitor also becomes the
+    plan's epilogue. Sm75 gets the Sm80 (CUTLASS 2.x) visitor, which uses no Sm80 instruction
+    (plain global loads/stores); the mainloop keeps the plan's Sm75 arch tag, mma shape and stages.
+    """
+    if kernel_cc not in (75, 80, 90):
+        raise ValueError(f"EVT epilogues need kernel_cc 75, 80 or 90, got {kernel_cc}")
+    if plan is not None and plan.cc != kernel_cc:
+        raise ValueError(f"plan is for cc {plan.cc}, not kernel_cc {kernel_cc}")
+    evt_cc = 80 if kernel_cc == 75 else kernel_cc
     with _LOCK:
-        return _cutlass.epilogue.trace(fn, dict(example_tensors), cc=kernel_cc)
+        visitor = _cutlass.epilogue.trace(fn, dict(example_tensors), cc=evt_cc)
+        if plan is not None and kernel_cc == 75:
+            # The plan's epilogue_visitor setter looks cc 75 up in the interface's cc map (KeyError).
+            plan.epilogue_functor = _cutlass.backend.evt.EpilogueFunctorVisitor(evt_cc, visitor)
+        elif plan is not None:
+            plan.epilogue_visitor = visitor
+        return visitor
 
 
 def substitute_template(template: str, values: Mapping[str, str]) -> str:

@@ -2,9 +2,10 @@
 
 D[M, N] = epilogue(A[M, K] @ B[N, K]^T) with A the int8 activations and B the int8 weight in the
 torch Linear layout. ``arch`` picks the kernel generation: 90 (wgmma + TMA, Hopper only), 80
-(mma.sync, runs on Ampere and later), 75 (Turing mma, plain int32 output only); None takes the
-device's own (90 on Hopper). Kernels come from the build cache (``scripts/build_kernels.py``
-fills it); one missing from the cache is built on first use (tens of seconds, logged).
+(mma.sync, runs on Ampere and later), 75 (Turing mma.sync m8n8k16, runs on Turing and later); every
+generation has every epilogue (EVT; Sm75 uses the Sm80 visitor). None takes the device's own (90 on
+Hopper). Kernels come from the build cache (``scripts/build_kernels.py`` fills it); one missing
+from the cache is built on first use (tens of seconds, logged).
 
 Tiles come from ``tuning/default.json`` (overridden by ``tuning/<gpu name>.json``), per kernel
 generation and M bucket ("small": M <= small_m_max, else "large").
@@ -121,8 +122,6 @@ def configured_specs(target: int | str, epilogue_names: list[str] | None = None,
             continue
         for name in epilogue_names or epilogues.names():
             epi = epilogues.get(name)
-            if epi.evt and kernel_cc == 75:
-                continue
             for element_D in epi.output_dtypes:
                 for bucket in buckets:
                     specs.append(kernel_spec(kernel_cc, target_arch_for(kernel_cc, device_cc), name, element_D,
@@ -160,12 +159,27 @@ class Int8Gemm:
         self.kernel.launch(M, N, K, pointers, scalars, device=A.get_device())
         return out
 
+    def launch_checked(self, A: torch.Tensor, B: torch.Tensor, device: int, out: torch.Tensor | None,
+                       inputs: dict[str, Any]) -> torch.Tensor:
+        """__call__ for operands the public API has already checked (int8, 2-D, contiguous, same K,
+        every tensor on ``device``): the shape rules of this kernel and the inputs are still checked."""
+        M, N, K, pointers, scalars, out = self.launch_arguments(A, B, out, _checked_device=device, **inputs)
+        self._kernel.launch(M, N, K, pointers, scalars, device=device)
+        return out
+
     def launch_arguments(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
+                         _checked_device: int | None = None,
                          **inputs: Any) -> tuple[int, int, int, list[int], tuple[float, ...], torch.Tensor]:
         """Validate the operands; (M, N, K, pointers in kernel order, scalars, D) for the launch."""
-        M, N, K = _check_operands(A, B, self.spec.alignment_D, self.spec.element_D)
+        if _checked_device is None:
+            M, N, K = _check_operands(A, B, self.spec.alignment_D, self.spec.element_D)
+            device = A.get_device()
+        else:  # types, ranks, contiguity and devices already checked by the caller
+            M, K = A.shape
+            N = B.shape[0]
+            _check_sizes(M, N, K, self.spec.alignment_D, self.spec.element_D)
+            device = _checked_device
         kernel = self._kernel or self.kernel
-        device = A.get_device()
         values = {"A": A, "B": B}
         for name, kind in self._inputs:
             value = inputs.pop(name, None)
@@ -204,6 +218,16 @@ def _missing(epilogue: str, name: str):
     raise ValueError(f"epilogue {epilogue!r} needs the scalar {name}")
 
 
+def _check_sizes(M: int, N: int, K: int, align_D: int, element_D: str) -> None:
+    if M == 0 or N == 0 or K == 0:
+        raise ValueError(f"empty GEMM: M={M}, N={N}, K={K}")
+    if K % ALIGNMENT_K:
+        raise ValueError(f"K={K} must be a multiple of {ALIGNMENT_K} (int8 rows of A and B are read in "
+                         f"16-byte vectors); pad A [M={M}, K] and B [N={N}, K] with zero columns")
+    if N % align_D:
+        raise ValueError(f"N={N} must be a multiple of {align_D} for {element_D} output (16-byte stores of D)")
+
+
 def _check_operands(A: torch.Tensor, B: torch.Tensor, align_D: int, element_D: str) -> tuple[int, int, int]:
     if A.dtype != torch.int8 or B.dtype != torch.int8:
         raise TypeError(f"A and B must be int8, got A {A.dtype} and B {B.dtype}")
@@ -213,13 +237,7 @@ def _check_operands(A: torch.Tensor, B: torch.Tensor, align_D: int, element_D: s
     N, K_B = B.shape
     if K != K_B:
         raise ValueError(f"A is [M={M}, K={K}] but B is [N={N}, K={K_B}]: K must match")
-    if M == 0 or N == 0 or K == 0:
-        raise ValueError(f"empty GEMM: M={M}, N={N}, K={K}")
-    if K % ALIGNMENT_K:
-        raise ValueError(f"K={K} must be a multiple of {ALIGNMENT_K} (int8 rows of A and B are read in "
-                         f"16-byte vectors); pad A [M={M}, K] and B [N={N}, K] with zero columns")
-    if N % align_D:
-        raise ValueError(f"N={N} must be a multiple of {align_D} for {element_D} output (16-byte stores of D)")
+    _check_sizes(M, N, K, align_D, element_D)
     if not A.is_cuda or B.get_device() != A.get_device():
         raise ValueError(f"A and B must be on the same CUDA device, got {A.device} and {B.device}")
     if not (A.is_contiguous() and B.is_contiguous()):
@@ -228,10 +246,11 @@ def _check_operands(A: torch.Tensor, B: torch.Tensor, align_D: int, element_D: s
 
 
 def _check_input(name: str, kind: str, value: torch.Tensor, M: int, N: int, device: int) -> None:
-    expected = {"per_row": M, "per_col": N, "matrix": M * N}[kind]
     if not isinstance(value, torch.Tensor) or value.dtype != torch.float32:
         raise TypeError(f"{name} must be a float32 tensor")
-    if value.numel() != expected or (kind == "matrix" and tuple(value.shape) != (M, N)):
+    numel = value.numel()
+    if (numel != M if kind == "per_row" else numel != N if kind == "per_col"
+            else tuple(value.shape) != (M, N)):
         shape = {"per_row": f"[M={M}] or [M, 1]", "per_col": f"[N={N}] or [1, N]", "matrix": f"[M={M}, N={N}]"}[kind]
         raise ValueError(f"{name} must be {shape}, got {tuple(value.shape)}")
     if value.get_device() != device or not value.is_contiguous():
@@ -257,9 +276,6 @@ def get_plan(device: int, arch: int | None, epilogue: str, element_D: str | None
     if plan is None:
         epi = epilogues.get(epilogue)
         kernel_cc = resolve_arch(arch, device_cc)
-        if epi.evt and kernel_cc == 75:
-            raise ValueError(f"epilogue {epilogue!r} needs an EVT epilogue, which Sm75 kernels lack: use "
-                             f"epilogue='none' with arch=75, or arch=80/90")
         element = element_D or epi.default_output
         if element not in epi.output_dtypes:
             raise ValueError(f"epilogue {epilogue!r} writes {list(epi.output_dtypes)}, not {element!r}")
@@ -274,15 +290,18 @@ _small_m_max: dict[int, int] = {}
 
 def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch: int | None = None,
               out_dtype: torch.dtype | str | None = None, out: torch.Tensor | None = None,
-              **epilogue_args: Any) -> torch.Tensor:
+              _checked: bool = False, **epilogue_args: Any) -> torch.Tensor:
     """D = epilogue(A @ B^T) with A [M, K] int8 and B [N, K] int8, on a CUTLASS kernel.
+
+    ``_checked``: the caller (``cutlass_ops.int8_gemm``) has checked the operands' types, ranks,
+    contiguity and devices; only the kernel's own rules are checked again.
 
     ``epilogue`` names an entry of the ``epilogues`` registry ("none" -> int32 D; "dequant",
     "dequant_relu", "dequant_relu6" -> f16/bf16/f32 with scale_row [M], scale_col [N], bias [N];
     "requant"; "kblock_accumulate"); its inputs are passed as keyword arguments. ``arch`` forces a
     kernel generation (75, 80, 90). Requires K % 16 == 0 and N a multiple of 16 bytes of D.
     """
-    if not isinstance(A, torch.Tensor) or not A.is_cuda or A.dim() != 2:
+    if not _checked and (not isinstance(A, torch.Tensor) or not A.is_cuda or A.dim() != 2):
         raise ValueError(f"A must be a 2-D CUDA tensor [M, K], got {type(A).__name__} "
                          f"{tuple(getattr(A, 'shape', ()))} on {getattr(A, 'device', None)}")
     device = A.get_device()
@@ -294,6 +313,9 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch:
     if plan is None:
         element_D = _DTYPE_NAMES.get(out_dtype, out_dtype) if out_dtype is not None else None
         plan = _fast_plans[key] = get_plan(device, arch, epilogue, element_D, A.shape[0])
+        plan.kernel  # load it now: launch_checked expects a loaded kernel
+    if _checked:
+        return plan.launch_checked(A, B, device, out, epilogue_args)
     return plan(A, B, out=out, **epilogue_args)
 
 

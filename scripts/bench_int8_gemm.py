@@ -43,8 +43,8 @@ def main() -> int:
         t_torch = call_us(torch_fn)
         rows.append([f"{M}x{N}x{K}", "torch._int_mm", t_torch, 1.0, kernel_us(torch_fn), host_us(torch_fn)])
         for arch in archs:
-            epi = "dequant" if arch != 75 else "none"
-            kwargs = dict(scale_row=s_row, scale_col=s_col, bias=bias, out_dtype=torch.float16) if arch != 75 else {}
+            epi = "dequant"
+            kwargs = dict(scale_row=s_row, scale_col=s_col, bias=bias, out_dtype=torch.float16)
             fn = lambda: ops.int8_gemm(A, B, epi, arch=arch, **kwargs)  # noqa: E731
             try:
                 fn()

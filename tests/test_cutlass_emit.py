@@ -1,13 +1,15 @@
 """CUTLASS side on a machine without a GPU: the bridge, emission, argument layouts, nvcc builds.
 
 The nvcc tests (marked slow, still in the default run) compile the three smallest plain kernels,
-one per kernel generation (Sm75, Sm80, Sm90), in parallel processes: about a minute on 2 cores.
+one per kernel generation (Sm75, Sm80, Sm90), and one Sm75 kernel with a fused (EVT) epilogue, in
+parallel processes: about two minutes on 2 cores.
 """
 from __future__ import annotations
 
 import ctypes
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -89,12 +91,12 @@ def test_plain_int8_gemm_emits(kernel_cc):
     assert arch_tag in emitted.device_source
 
 
-@pytest.mark.parametrize("kernel_cc", [80, 90])
+@pytest.mark.parametrize("kernel_cc", [75, 80, 90])
 @pytest.mark.parametrize("epilogue", EVT_EPILOGUES)
 def test_each_epilogue_emits_an_evt(kernel_cc, epilogue):
     spec = _spec(kernel_cc, epilogue)
     emitted = emit(spec)
-    assert f"Sm{kernel_cc}EVT" in emitted.device_source
+    assert f"Sm{max(kernel_cc, 80)}EVT" in emitted.device_source  # Sm75 uses the 2.x (Sm80) visitor
     layout = argument_layout(emitted, False, EXAMPLE)
     roles = {field[3] for field in layout["fields"]}
     epi = epilogues.get(epilogue)
@@ -103,9 +105,17 @@ def test_each_epilogue_emits_an_evt(kernel_cc, epilogue):
     assert {"ptr:A", "ptr:B", "ptr:D", "M", "N", "K"} <= roles
 
 
-def test_sm75_has_no_evt_epilogues():
-    with pytest.raises(ValueError, match="Sm75"):
-        GemmKernelSpec(kernel_cc=75, target_arch="90", epilogue="dequant", element_D="f16")
+def test_sm75_evt_epilogue_keeps_the_sm75_mainloop():
+    """The Sm80 (2.x) visitor on a Turing mainloop: Sm75 arch tag, m8n8k16 mma, 2 stages."""
+    spec = _spec(75, "dequant", "f16")
+    source = emit(spec).device_source
+    kernel = source[source.index("DefaultGemmWithVisitor<"):]
+    kernel = kernel[:kernel.index(">::GemmKernel;")]
+    assert "cutlass::arch::Sm75," in kernel and "cutlass::arch::Sm80" not in kernel
+    assert "cutlass::gemm::GemmShape<8, 8, 16>," in kernel
+    assert re.search(r"ThreadblockSwizzle<\d+>,\s*2,\s*cutlass::arch::OpMultiplyAddSaturate", kernel)  # 2 stages
+    assert "EVTD," in kernel and "Sm80EVT<" in source and "VisitorColBroadcast" in source
+    assert "cp_async" not in source
     with pytest.raises(ValueError, match="90a"):
         GemmKernelSpec(kernel_cc=90, target_arch="90", epilogue="none", element_D="s32")
 
@@ -120,8 +130,8 @@ def _pointers(spec: GemmKernelSpec, seed: int) -> dict[str, int]:
 
 @pytest.mark.parametrize("kernel_cc,epilogue,element_D", [
     (75, "none", "s32"), (80, "none", "s32"), (90, "none", "s32"),
-    (80, "kblock_accumulate", "f32"), (90, "kblock_accumulate", "f32"),
-    (80, "requant_clamp", "s8"), (90, "dequant_relu6", "bf16"),
+    (75, "kblock_accumulate", "f32"), (80, "kblock_accumulate", "f32"), (90, "kblock_accumulate", "f32"),
+    (75, "requant_clamp", "s8"), (80, "requant_clamp", "s8"), (90, "dequant_relu6", "bf16"),
 ])
 def test_argument_layout_matches_interface_struct(monkeypatch, kernel_cc, epilogue, element_D):
     spec = _spec(kernel_cc, epilogue, element_D)
@@ -147,7 +157,9 @@ def test_configured_specs_cover_every_generation():
     names = [s.name for s in gemm_api.configured_specs(90)]
     assert len(names) == len(set(names))
     assert any(n.startswith("sm90_none") for n in names) and any(n.startswith("sm75_none") for n in names)
-    assert not any(n.startswith("sm75_dequant") for n in names)
+    assert any(n.startswith("sm75_dequant_f16") for n in names)
+    sm75 = {s.epilogue for s in gemm_api.configured_specs(90) if s.kernel_cc == 75}
+    assert sm75 == set(epilogues.names())
     assert {s.kernel_cc for s in gemm_api.configured_specs(80)} == {80, 75}
     assert all(s.target_arch == "80" for s in gemm_api.configured_specs(80))
     large = gemm_api.kernel_spec(90, "90a", "none", "s32", "large")
@@ -204,20 +216,40 @@ def _build_in_worker(spec_dict: dict) -> tuple[str, bool]:
     return str(artifact.directory), hit
 
 
+# The kernels the slow tests compile: the smallest plain kernel of each generation (keyed by its
+# kernel cc) and the smallest Sm75 kernel with a fused (EVT) epilogue.
+SM75_EVT = "sm75_dequant"
+BUILT = [75, 80, 90, SM75_EVT]
+
+
 @pytest.fixture(scope="module")
-def built_plain_kernels():
-    """The smallest plain kernel of each generation, compiled in three processes at once."""
-    specs = [_spec(75), _spec(80), _spec(90)]
-    with ProcessPoolExecutor(3) as pool:
-        results = list(pool.map(_build_in_worker, [s.to_dict() for s in specs]))
-    return {spec.kernel_cc: (spec, gemm_build.GemmArtifact.load(Path(directory)))
-            for spec, (directory, _) in zip(specs, results)}
+def built_kernels():
+    """The kernels of BUILT, compiled in one process each, all at once."""
+    specs = {key: _spec(75, "dequant", "f16") if key == SM75_EVT else _spec(key) for key in BUILT}
+    with ProcessPoolExecutor(len(specs)) as pool:
+        results = list(pool.map(_build_in_worker, [s.to_dict() for s in specs.values()]))
+    return {key: (spec, gemm_build.GemmArtifact.load(Path(directory)))
+            for (key, spec), (directory, _) in zip(specs.items(), results)}
+
+
+@pytest.fixture(scope="module")
+def built_plain_kernels(built_kernels):
+    return {cc: built_kernels[cc] for cc in (75, 80, 90)}
+
+
+def _pointer_sentinels(artifact, base: int) -> dict[str, int]:
+    """A distinct sentinel for each pointer the Arguments carry (C shares D's where both appear)."""
+    names = [name for _, name in ArgumentLayout(artifact.meta["arguments"]).pointers]
+    pointers = {name: base + (i + 1) * 0x10_0000 for i, name in enumerate(dict.fromkeys(names)) if name != "C"}
+    if "C" in names:
+        pointers["C"] = pointers["D"]  # 2.x LinearCombination: the launcher points C at D
+    return pointers
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel_cc", [75, 80, 90])
-def test_kernel_compiles_to_cubin_and_host_library(built_plain_kernels, kernel_cc):
-    spec, artifact = built_plain_kernels[kernel_cc]
+@pytest.mark.parametrize("key", BUILT)
+def test_kernel_compiles_to_cubin_and_host_library(built_kernels, key):
+    spec, artifact = built_kernels[key]
     assert artifact is not None
     assert artifact.cubin_path.read_bytes()[:4] == b"\x7fELF"
     meta = artifact.meta
@@ -230,16 +262,17 @@ def test_kernel_compiles_to_cubin_and_host_library(built_plain_kernels, kernel_c
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel_cc", [75, 80])
-def test_host_library_builds_params_with_verbatim_pointers(built_plain_kernels, kernel_cc):
+@pytest.mark.parametrize("key", [75, 80, SM75_EVT])
+def test_host_library_builds_params_with_verbatim_pointers(built_kernels, key):
     """CUTLASS 2.x Params need no driver: build them on the CPU and find the sentinel pointers."""
-    spec, artifact = built_plain_kernels[kernel_cc]
+    spec, artifact = built_kernels[key]
     lib = _load_host_library(artifact.host_path)
     make = getattr(lib, f"{artifact.meta['kernel_name']}_cutlass_ops_params")
     make.argtypes, make.restype = [ctypes.c_void_p] * 4, ctypes.c_int
     layout = ArgumentLayout(artifact.meta["arguments"])
-    pointers = {"A": 0x5A5A_0010_0000, "B": 0x5A5A_0020_0000, "D": 0x5A5A_0040_0000}
-    pointers["C"] = pointers["D"]
+    pointers = _pointer_sentinels(artifact, 0x5A5A_0000_0000)
+    if spec.epilogue != "none":  # the EVT inputs and D travel in the visitor's arguments
+        assert set(pointers) == {"A", "B", "D", *epilogues.get(spec.epilogue).input_names}
 
     def params(M, N, K):
         args = layout.fill(M, N, K, pointers)
@@ -266,17 +299,19 @@ def test_host_library_builds_params_with_verbatim_pointers(built_plain_kernels, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel_cc", [75, 80])
-def test_pointer_patch_plan_reproduces_fresh_params(built_plain_kernels, kernel_cc):
+@pytest.mark.parametrize("key", [75, 80, SM75_EVT])
+def test_pointer_patch_plan_reproduces_fresh_params(built_kernels, key):
     """The launcher's sentinel search on a 2.x kernel, run on the CPU (no module load, no launch)."""
-    _, artifact = built_plain_kernels[kernel_cc]
+    _, artifact = built_kernels[key]
     kernel = GemmKernel(artifact)
     kernel._device_info[0] = (132, 90)  # SM count and cc of an H100, so no GPU query is needed
     M, N, K = 127, 264, 272
-    nonnull = (True, True, True, True)
+    in_arguments = {name for _, name in kernel.layout.pointers}  # an EVT kernel's C is absent (null)
+    nonnull = tuple(name in in_arguments for name in kernel.pointer_names)
     state = kernel._prepare(M, N, K, nonnull, (), 0)
-    assert state.words is not None and {slot for _, slot in state.words} == {0, 1, 2, 3}
-    pointers = [0x7F00_0000_0000 + 0x4000 * i for i in range(4)]
+    assert state.words is not None
+    assert {slot for _, slot in state.words} == {i for i, flag in enumerate(nonnull) if flag}
+    pointers = [0x7F00_0000_0000 + 0x4000 * i if flag else 0 for i, flag in enumerate(nonnull)]
     patched = kernel._patched(state.params, [(8 * word, slot) for word, slot in state.words], pointers)
     fresh, grid, block = kernel.fresh_params(M, N, K, pointers, device=0)
     assert bytes(patched) == fresh and grid == state.grid and block == state.block

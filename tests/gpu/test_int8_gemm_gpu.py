@@ -32,7 +32,6 @@ def _archs() -> list[int]:
 
 
 ARCHS = _archs()
-EVT_ARCHS = [a for a in ARCHS if a >= 80]
 
 
 def _int8(*shape, generator=None) -> torch.Tensor:
@@ -96,7 +95,7 @@ def _check_float(out: torch.Tensor, ref: torch.Tensor, element: str, magnitude: 
     assert worst <= 0, f"max error {err.max().item():.3e} exceeds the bound by {worst:.3e}"
 
 
-@pytest.mark.parametrize("arch", EVT_ARCHS)
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("M", (3, 127))
 @pytest.mark.parametrize("name,element", [
     ("dequant", "f16"), ("dequant", "bf16"), ("dequant", "f32"),
@@ -119,7 +118,7 @@ def test_float_epilogue_matches_float64_reference(arch, M, name, element, gen):
     _check_float(out, ref, element, terms.abs())
 
 
-@pytest.mark.parametrize("arch", EVT_ARCHS)
+@pytest.mark.parametrize("arch", ARCHS)
 def test_dequant_without_bias_reads_zero(arch, gen):
     M, N, K = 17, 264, 272
     A, B = _int8(M, K, generator=gen), _int8(N, K, generator=gen)
@@ -130,7 +129,7 @@ def test_dequant_without_bias_reads_zero(arch, gen):
     _check_float(out, ref, "f32", ref.abs())
 
 
-@pytest.mark.parametrize("arch", EVT_ARCHS)
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("M", (3, 127))
 @pytest.mark.parametrize("clamp", [(-128, 127), (-100, 90)])
 def test_requant_rounds_half_even_and_saturates_exactly(arch, M, clamp, gen):
@@ -151,7 +150,7 @@ def test_requant_rounds_half_even_and_saturates_exactly(arch, M, clamp, gen):
     assert ((exact > clamp[1]) | (exact < clamp[0])).any(), "the data should saturate some values"
 
 
-@pytest.mark.parametrize("arch", EVT_ARCHS)
+@pytest.mark.parametrize("arch", ARCHS)
 def test_requant_without_bias(arch, gen):
     M, N, K = 64, 128, 64
     A, B = _int8(M, K, generator=gen), _int8(N, K, generator=gen)
@@ -165,8 +164,6 @@ def test_requant_without_bias(arch, gen):
 @pytest.mark.parametrize("name", ["none", "dequant"])
 def test_patched_params_equal_fresh_params(arch, name, gen):
     """Params patched with new pointers equal Params built from scratch for those pointers."""
-    if name != "none" and arch == 75:
-        pytest.skip("Sm75 has no EVT epilogues")
     M, N, K = 127, 264, 272
     plan = gemm.get_plan(torch.cuda.current_device(), arch, name, None, M)
     calls = []
@@ -190,11 +187,11 @@ def test_patched_params_equal_fresh_params(arch, name, gen):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_cuda_graph_replays_int8_gemm(arch, gen):
+@pytest.mark.parametrize("name", ["none", "dequant"])
+def test_cuda_graph_replays_int8_gemm(arch, name, gen):
     M, N, K = 96, 256, 512
     A, B = _int8(M, K, generator=gen), _int8(N, K, generator=gen)
-    name = "none" if arch == 75 else "dequant"
-    inputs = _inputs(name, M, N, gen) if name != "none" else {}
+    inputs = _inputs(name, M, N, gen)
     int8_gemm(A, B, name, arch=arch, **inputs)  # warm-up: load the kernel, prepare the shape
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -225,7 +222,3 @@ def test_errors_name_the_problem(gen):
     with pytest.raises(ValueError, match="16-byte"):
         base = _int8(4, 48, generator=gen)
         int8_gemm(base.view(-1)[8:8 + 4 * 32].view(4, 32), _int8(64, 32, generator=gen))
-    if 75 in ARCHS:
-        with pytest.raises(ValueError, match="Sm75"):
-            int8_gemm(_int8(4, 32, generator=gen), _int8(64, 32, generator=gen), "dequant", arch=75,
-                      scale_row=torch.ones(4, device="cuda"), scale_col=torch.ones(64, device="cuda"))
