@@ -65,7 +65,8 @@ def _check_last_dim(x: torch.Tensor, name: str, K: int) -> None:
 def _check_devices(function: str, primary_name: str, primary: torch.Tensor,
                    others: dict[str, torch.Tensor | None], qw: QuantizedWeight | None = None) -> None:
     """GPU present, ``primary`` on CUDA, every other tensor and ``qw`` on the same device."""
-    _require_gpu(function)
+    if not primary.is_cuda:  # a CUDA tensor implies a GPU (torch.cuda.is_available() costs ~5 us a call)
+        _require_gpu(function)
     check_cuda(primary, primary_name)
     check_same_device(others, primary.device, primary_name)
     if qw is not None:
@@ -117,10 +118,14 @@ def linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = Non
     _check_bias(bias, qw.N)
     act = parse_activation(activation)
     _check_devices("linear", "x", x, {"bias": bias}, qw)
+    from cutlass_ops.ops.weight_only import linear_weight_only
+    if x.dim() == 2:  # the common case: no reshapes (each costs ~1.5 us of host time)
+        if x.shape[0] == 0:
+            return x.new_empty(0, qw.N)
+        return linear_weight_only(x.contiguous(), qw, None if bias is None else bias.contiguous(), act)
     x2d = x.reshape(-1, qw.K).contiguous()
     if x2d.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], qw.N)
-    from cutlass_ops.ops.weight_only import linear_weight_only
     out = linear_weight_only(x2d, qw, None if bias is None else bias.contiguous(), act)
     return out.reshape(*x.shape[:-1], qw.N)
 
@@ -171,6 +176,18 @@ def linear_w8a8(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None 
     return out.reshape(*x.shape[:-1], qw.N)
 
 
+def _gemm_impl():
+    """cutlass_ops.gemm.int8_gemm, imported on first use (a per-call import costs host time)."""
+    global _gemm_int8_gemm
+    if _gemm_int8_gemm is None:
+        from cutlass_ops.gemm import int8_gemm as impl
+        _gemm_int8_gemm = impl
+    return _gemm_int8_gemm
+
+
+_gemm_int8_gemm = None
+
+
 def _check_int8_operands(A, B, a_name: str, b_name: str) -> None:
     check_dtype(A, a_name, (torch.int8,))
     check_dtype(B, b_name, (torch.int8,))
@@ -184,16 +201,23 @@ def _check_int8_operands(A, B, a_name: str, b_name: str) -> None:
 def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch=None, out_dtype=None,
               **epilogue_args) -> torch.Tensor:
     """D[M, N] = epilogue(A[M, K] @ B[N, K]^T) with int8 A, B and an int32 accumulator (CUTLASS)."""
-    _check_int8_operands(A, B, "A", "B")
+    # Inline checks first (host time per call matters here); the helpers give the precise errors.
+    if not (A.__class__ is torch.Tensor and B.__class__ is torch.Tensor and A.dtype is torch.int8
+            and B.dtype is torch.int8 and A.dim() == 2 and B.dim() == 2 and A.shape[1] == B.shape[1]):
+        _check_int8_operands(A, B, "A", "B")
     if not isinstance(epilogue, str) or not epilogue:
         raise TypeError(f"epilogue must be a non-empty str naming a registered epilogue, got {epilogue!r}")
     arch = _check_arch(arch)
     if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
         raise TypeError(f"out_dtype must be None or a torch.dtype, got {type(out_dtype).__name__}")
-    tensors = {name: v for name, v in epilogue_args.items() if isinstance(v, torch.Tensor)}
-    _check_devices("int8_gemm", "A", A, {"B": B, **tensors})
-    from cutlass_ops.gemm import int8_gemm as _impl
-    return _impl(A.contiguous(), B.contiguous(), epilogue, arch=arch, out_dtype=out_dtype, **epilogue_args)
+    tensors = [v for v in epilogue_args.values() if isinstance(v, torch.Tensor)]
+    device = A.get_device()  # -1 on the CPU
+    if device < 0 or B.get_device() != device or any(t.get_device() != device for t in tensors):
+        _check_devices("int8_gemm", "A", A, {"B": B, **{n: v for n, v in epilogue_args.items()
+                                                         if isinstance(v, torch.Tensor)}})
+    _impl = _gemm_impl()
+    return _impl(A.contiguous(), B.contiguous(), epilogue, arch=arch, out_dtype=out_dtype, _checked=True,
+                 **epilogue_args)
 
 
 def int8_gemm_requant(A_q: torch.Tensor, W_q: torch.Tensor, M_scale: torch.Tensor, fused_bias: torch.Tensor,

@@ -20,9 +20,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cutlass_ops.formats import quantize_weight  # noqa: E402
 from cutlass_ops.ops import weight_only as wo  # noqa: E402
+from _read_floor import read_floor_us  # noqa: E402
 
 M_VALUES = (1, 16, 64, 256, 4096)
 SHAPES = ((8192, 8192), (28672, 8192))  # (N, K)
@@ -142,9 +144,14 @@ def main() -> int:
         if tg_problem:
             lines.append(f"tinygemm unavailable: {tg_problem}")
             lines.append("")
+        floor_us, _, _ = read_floor_us(weight_bytes(qw4[0]) // 16 * 16, bench_us)
+        lines.append(f"Streaming-read floor of the W4A16 weight + scale bytes ({weight_bytes(qw4[0]) / 1e6:.1f} MB): "
+                     f"{floor_us:.1f} us = {100 * weight_bytes(qw4[0]) / (floor_us * 1e-6) / bw:.0f}% of copy "
+                     f"bandwidth (a bare kernel that only reads them, launch included; scripts/_read_floor.py).")
+        lines.append("")
         lines.append("| M | fp16 cuBLAS | tinygemm | W4A16 (strategy) | W8A16 (strategy) | W4A16 vs fp16 | "
-                     "W4A16 GB/s | W4A16 % of copy BW |")
-        lines.append("|---|---|---|---|---|---|---|---|")
+                     "W4A16 GB/s | W4A16 % of copy BW | W4A16 % of read floor |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
         for M in M_VALUES:
             x16 = [torch.randn(M, K, device="cuda", dtype=torch.float16) for _ in range(copies)]
             xbf = [x.to(torch.bfloat16) for x in x16]
@@ -156,8 +163,9 @@ def main() -> int:
             s8 = wo.choose_strategy(M, torch.float16, qw8[0], 90)
             moved = weight_bytes(qw4[0]) + 2 * M * K + 2 * M * N
             gbs = moved / (t4 * 1e-6) / 1e9
+            floor_pct = f"{100 * floor_us / t4:.0f}%" if M == 1 else ""
             lines.append(f"| {M} | {t16:.1f} | {ttg:.1f} | {t4:.1f} ({s4}) | {t8:.1f} ({s8}) | "
-                         f"{t16 / t4:.2f}x | {gbs:.0f} | {100 * moved / (t4 * 1e-6) / bw:.0f}% |")
+                         f"{t16 / t4:.2f}x | {gbs:.0f} | {100 * moved / (t4 * 1e-6) / bw:.0f}% | {floor_pct} |")
             print(lines[-1], flush=True)
         lines.append("")
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ["bench_weight_only.py", "bench_int8_gemm.py", "bench_conv.py", "bench_w8a8.py", "bench_w8a8_fused.py"]
+BENCHES = ["bench_weight_only.py", "bench_int8_gemm.py", "bench_conv.py", "bench_w8a8.py", "bench_w8a8_fused.py",
+           "profile_host.py"]
 
 
 def versions() -> dict[str, str]:

@@ -67,16 +67,22 @@ def test_dequant_plain_nvcc_builds(tmp_path):
 
 
 def _constant(filename: str, name: str) -> int:
+    """A ``constexpr int name = value;`` or an overridable ``#define name value`` default of a kernel file."""
     text = (KERNEL_DIR / filename).read_text()
-    match = re.search(rf"constexpr int {name} = (\d+);", text)
-    assert match, f"{filename} defines no constexpr int {name}"
+    match = re.search(rf"constexpr int {name} = (\d+);", text) or re.search(rf"#define {name} (\d+)\n", text)
+    assert match, f"{filename} defines no constexpr int / #define {name}"
     return int(match.group(1))
 
 
 def test_host_mirrors_kernel_constants():
-    assert wo._STREAM_ROWS == _constant("gemv_weight_only.cu", "kStreamRows")
-    assert wo._STREAM_WARPS == _constant("gemv_weight_only.cu", "kStreamWarps")
-    assert wo._STREAM_MIN_BLOCKS == _constant("gemv_weight_only.cu", "kStreamMinBlocks")
+    assert wo._STREAM_ROWS == _constant("gemv_weight_only.cu", "GEMV_STREAM_ROWS")
+    assert wo._STREAM_WARPS == _constant("gemv_weight_only.cu", "GEMV_STREAM_WARPS")
+    assert wo._STREAM_MIN_BLOCKS == _constant("gemv_weight_only.cu", "GEMV_STREAM_MIN_BLOCKS")
+    defaults = wo.GemvMmaConfig()
+    assert defaults.row_tiles == _constant("gemv_weight_only.cu", "GEMV_MMA_ROW_TILES")
+    assert defaults.unroll == _constant("gemv_weight_only.cu", "GEMV_MMA_UNROLL")
+    assert defaults.min_blocks == _constant("gemv_weight_only.cu", "GEMV_MMA_MIN_BLOCKS")
+    assert wo.GemvMmaConfig().defines() == {} and wo.StreamConfig().defines() == {}
     assert wo._DEQUANT_WARPS == _constant("dequant_weight.cu", "kWarps")
     assert wo._DEQUANT_BLOCKS_PER_SM == _constant("dequant_weight.cu", "kMinBlocks")
     assert wo._DEQUANT_WORDS_PER_TILE == _constant("dequant_weight.cu", "kWordsPerTile")

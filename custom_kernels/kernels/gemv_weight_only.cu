@@ -31,9 +31,24 @@
 namespace cuops {
 namespace gemv {
 
+// Tunables (NVRTC defines; the host mirrors them in cutlass_ops/ops/weight_only.py).
+// GEMV_FAMILY: 0 = every entry point; 1 = gemv_mma only, 2 = gemv_stream only (plus splitk_reduce):
+// tuned variants compile in a third of the time.
+#ifndef GEMV_FAMILY
+#define GEMV_FAMILY 0
+#endif
+#ifndef GEMV_MMA_ROW_TILES
+#define GEMV_MMA_ROW_TILES 2
+#endif
+#ifndef GEMV_MMA_UNROLL
+#define GEMV_MMA_UNROLL 4
+#endif
+#ifndef GEMV_MMA_MIN_BLOCKS
+#define GEMV_MMA_MIN_BLOCKS 2
+#endif
 constexpr int kMaxWarps = 8;       // warps per block splitting K (a power of two, chosen at launch)
-constexpr int kGemvRowTiles = 2;   // 16-row tiles of N per warp: each activation fragment feeds 2 mma
-constexpr int kGemvUnroll = 4;     // warp trips whose weight loads are issued before any use (256 B/thread)
+constexpr int kGemvRowTiles = GEMV_MMA_ROW_TILES;  // 16-row tiles of N per warp: each activation fragment feeds them all
+constexpr int kGemvUnroll = GEMV_MMA_UNROLL;       // warp trips whose weight loads are issued before any use
 
 // 16-byte weight load: read-only path, no L1 allocation (each byte is used exactly once).
 // volatile keeps a trip's loads ahead of its (volatile) mma in the PTX; ptxas may still interleave.
@@ -405,14 +420,23 @@ __device__ __forceinline__ void gemv_simt(const T* __restrict__ A, const uint8_t
 // In half, a lane's partial sum of kChunkElems/2 products |x q| <= 8 |x| (int4) or 128 |x| (int8)
 // could overflow 65504, so an activation row whose largest |x| exceeds half_safe_abs_x() is scaled
 // by 2^-e in shared memory (exact: a power of two), and its results are multiplied back by 2^e.
-constexpr int kStreamRows = 4;     // weight rows per warp (activation reuse factor)
-constexpr int kStreamWarps = 8;    // warps per block
+#ifndef GEMV_STREAM_ROWS
+#define GEMV_STREAM_ROWS 4
+#endif
+#ifndef GEMV_STREAM_WARPS
+#define GEMV_STREAM_WARPS 8
+#endif
+#ifndef GEMV_STREAM_MIN_BLOCKS
+#define GEMV_STREAM_MIN_BLOCKS 2
+#endif
+constexpr int kStreamRows = GEMV_STREAM_ROWS;    // weight rows per warp (activation reuse factor)
+constexpr int kStreamWarps = GEMV_STREAM_WARPS;  // warps per block
 constexpr int kStreamThreads = 32 * kStreamWarps;
 
 // Blocks per SM the register budget aims at (<= 128 registers; the host mirrors it as
 // weight_only._STREAM_MIN_BLOCKS): 16 warps x 32 lanes x 2 trips x 64 bytes = 64 KiB of weight loads
 // in flight per SM.
-constexpr int kStreamMinBlocks = 2;
+constexpr int kStreamMinBlocks = GEMV_STREAM_MIN_BLOCKS;
 
 template <typename T> struct IsHalf { static constexpr bool value = false; };
 template <> struct IsHalf<__half> { static constexpr bool value = true; };
@@ -688,12 +712,12 @@ __device__ __forceinline__ void gemv_stream(const T* __restrict__ A, const uint8
 
 using namespace cuops::gemv;
 
-#if WO_ELEMENT != 2
+#if WO_ELEMENT != 2 && (GEMV_FAMILY == 0 || GEMV_FAMILY == 1)
 // gemv_mma_mt{MT}: M <= 8 MT. Two 16-row tiles per warp, four trips of loads in flight (the best of
 // 2 x 2, 2 x 4 and cp.async rings of 4 to 8 trips measured on an H200). Two blocks of 256 threads
 // per SM (<= 128 registers) where the accumulators allow it.
 #define GEMV_MMA_ENTRY(MT)                                                                                     \
-  extern "C" __global__ void __launch_bounds__(256, (MT <= 2 ? 2 : 1)) gemv_mma_mt##MT(                       \
+  extern "C" __global__ void __launch_bounds__(256, (MT <= 2 ? GEMV_MMA_MIN_BLOCKS : 1)) gemv_mma_mt##MT(                       \
       const element_t* A, const uint8_t* B, const uint32_t* scale_offset, const element_t* bias, element_t* D, \
       float* workspace, int M, int N, int K, int G, int group_shift, int chunks_per_split, int act) {         \
     gemv_mma<element_t, WO_BITS, MT, kGemvRowTiles, kGemvUnroll>(A, B, scale_offset, bias, D, workspace, M, N, \
@@ -705,6 +729,7 @@ GEMV_MMA_ENTRY(4)
 GEMV_MMA_ENTRY(8)
 #endif
 
+#if GEMV_FAMILY == 0
 #define GEMV_SIMT_ENTRY(M_)                                                                                 \
   extern "C" __global__ void __launch_bounds__(128) gemv_simt_m##M_(                                        \
       const element_t* A, const uint8_t* B, const float* scale, const float* offset, const element_t* bias, \
@@ -719,8 +744,9 @@ GEMV_SIMT_ENTRY(5)
 GEMV_SIMT_ENTRY(6)
 GEMV_SIMT_ENTRY(7)
 GEMV_SIMT_ENTRY(8)
+#endif
 
-#if WO_ELEMENT != 2
+#if WO_ELEMENT != 2 && (GEMV_FAMILY == 0 || GEMV_FAMILY == 2)
 // gemv_stream_m{M}: M activation rows (1..8), half / bf16, any arch (bf16 pairs are emulated before
 // sm_80). Dynamic shared memory: M * chunks_per_split * (2 * chunk elements + 4) bytes.
 #define GEMV_STREAM_ENTRY(M_)                                                                                  \

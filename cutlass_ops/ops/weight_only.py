@@ -63,12 +63,13 @@ from typing import Callable
 import torch
 from cuda.bindings import driver
 
-from custom_kernels.launcher import check, device_capability
+from custom_kernels.launcher import LaunchShape, check, device_capability
 from cutlass_ops.ops._loader import load_kernel, on_device
 
 log = logging.getLogger(__name__)
 
 __all__ = ["STRATEGIES", "GEMV_MMA_MAX_M", "DEQUANT_CUBLAS_MIN_M", "SMALL_M_GEMV", "GemmConfig", "GEMM_CONFIGS",
+           "GemvMmaConfig", "StreamConfig", "default_gemv_mma_config",
            "linear_weight_only", "dequantize_weight", "choose_strategy", "strategy_problem", "StreamShape",
            "stream_launch_shape"]
 
@@ -84,10 +85,10 @@ GEMV_MMA_MAX_M = 64
 # after measuring (gemm_mma measured 103-106 us at M = 16..64, so M = 65..127 may also gain).
 DEQUANT_CUBLAS_MIN_M = 128
 # Small-M GEMV per M on sm_80+ fp16/bf16: "gemv_mma" (tensor cores) or "gemv_stream" (CUDA cores).
-# Unmeasured so far: gemv_mma stays the default (H200, 8192^2 W4A16: 19.3 us at M = 1, 43% of copy
-# bandwidth); flip entries, e.g. SMALL_M_GEMV.update({1: "gemv_stream", 2: "gemv_stream"}), once
-# scripts/bench_weight_only.py shows gemv_stream ahead. Default plans are cached per weight: a change
-# here (or to DEQUANT_CUBLAS_MIN_M) applies to weights not yet called with that M.
+# Timed side by side (scripts/sweep_gemv.py, H100, W4A16 g128, every variant of each): at M = 1 the
+# best of each is within 1-2% (N = K = 8192: 21.9 vs 22.1 us; N = 28672: 56.5 vs 57.3 us), at M = 8
+# gemv_stream is 2.4x slower (54.5 vs 22.4 us): gemv_mma everywhere. Default plans are cached per
+# weight: a change here (or to DEQUANT_CUBLAS_MIN_M) applies to weights not yet called with that M.
 SMALL_M_GEMV: dict[int, str] = {M: "gemv_mma" for M in range(1, 9)}
 _GEMV_MMA_LIMIT_M = 64   # kMTiles = 8 tiles of 8 rows
 _GEMV_MAX_M = 8          # gemv_simt / gemv_stream / gemv_dp4a instantiate M = 1..8
@@ -111,6 +112,56 @@ class GemmConfig:
 
 
 GEMM_CONFIGS = (GemmConfig(64), GemmConfig(128))
+
+
+@dataclass(frozen=True)
+class GemvMmaConfig:
+    """A gemv_mma kernel variant (gemv_weight_only.cu ``GEMV_MMA_*`` defines): ``row_tiles`` 16-row
+    tiles of N per warp, ``unroll`` warp trips of weight loads issued before any use, ``min_blocks``
+    the ``__launch_bounds__`` blocks per SM (M <= 16), ``warps`` the most warps splitting K in a block,
+    ``splits`` the K splits across blocks (None: enough blocks for about 2 per SM)."""
+
+    row_tiles: int = 2
+    unroll: int = 4
+    min_blocks: int = 2
+    warps: int = 8
+    splits: int | None = None
+
+    def __post_init__(self):
+        for name, allowed in (("row_tiles", (1, 2, 4)), ("unroll", (1, 2, 4, 8)), ("min_blocks", (1, 2, 3, 4)),
+                              ("warps", (1, 2, 4, 8))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"GemvMmaConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.splits is not None and (not isinstance(self.splits, int) or self.splits < 1):
+            raise ValueError(f"GemvMmaConfig.splits must be None or a positive int, got {self.splits!r}")
+
+    def defines(self) -> dict[str, int]:
+        """The NVRTC defines that differ from the kernel's defaults (defaults compile as before)."""
+        base = GemvMmaConfig()
+        tuned = {f"GEMV_MMA_{k.upper()}": getattr(self, k) for k in ("row_tiles", "unroll", "min_blocks")
+                 if getattr(self, k) != getattr(base, k)}
+        return {**tuned, "GEMV_FAMILY": 1} if tuned else {}  # a variant builds only its own family
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """A gemv_stream kernel variant (``GEMV_STREAM_*`` defines): ``rows`` weight rows per warp,
+    ``warps`` per block, ``min_blocks`` the ``__launch_bounds__`` blocks per SM."""
+
+    rows: int = 4
+    warps: int = 8
+    min_blocks: int = 2
+
+    def __post_init__(self):
+        for name, allowed in (("rows", (1, 2, 4, 8)), ("warps", (2, 4, 8, 16)), ("min_blocks", (1, 2, 3, 4))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"StreamConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+    def defines(self) -> dict[str, int]:
+        base = StreamConfig()
+        tuned = {f"GEMV_STREAM_{k.upper()}": getattr(self, k) for k in ("rows", "warps", "min_blocks")
+                 if getattr(self, k) != getattr(base, k)}
+        return {**tuned, "GEMV_FAMILY": 2} if tuned else {}
 
 
 def default_gemm_config(M: int) -> GemmConfig:
@@ -148,18 +199,14 @@ class _Launch:
         self.device_index = device_index
         with torch.cuda.device(device_index):
             self.function = kernel.function(device_index)
+        self._shape = LaunchShape(self.function, self.grid, self.block, smem, name=kernel.name)
         self._lock = threading.Lock()
 
     def __call__(self, *values) -> None:
-        gx, gy, gz = self.grid
-        bx, by, bz = self.block
-        with self._lock:  # the argument block is shared; cuLaunchKernel copies it before returning
+        with self._lock:  # the argument block is shared; the launch copies it before returning
             for name, value in zip(self.names, values):
                 setattr(self.args, name, value)
-            err, = driver.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, self.smem,
-                                         _stream(self.device_index), self.params, 0)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            check((err,), f"cuLaunchKernel({self.name}, grid={self.grid}, block={self.block}, smem={self.smem})")
+            self._shape.launch(_stream(self.device_index), self.params)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,21 +327,38 @@ def _block_shift(qw) -> int:
     return int(math.log2(qw.block_size)) if _is_pow2(qw.block_size) else -1
 
 
-def _plan_gemv_mma(qw, M: int, dtype, dev: int) -> Callable:
-    defines = {"WO_ELEMENT": _ELEMENT[dtype], "WO_BITS": qw.bits}
+# gemv_mma variant for int4 weights at M <= 4: one 16-row tile per warp, eight trips of loads in
+# flight, 4 warps per block. H100, W4A16 g128, M = 1: 21.9 vs 22.0 us (N = K = 8192) and 56.5 vs
+# 61.1 us (N = 28672); at M = 8 within 2% of the default, at M = 16 slower (scripts/sweep_gemv.py).
+SMALL_M_INT4_GEMV_MMA = GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=4)
+_SMALL_M_INT4_MAX_M = 4
+
+
+def default_gemv_mma_config(M: int, bits: int) -> GemvMmaConfig:
+    """The gemv_mma variant the default dispatch uses for M rows of ``bits``-bit weights."""
+    return SMALL_M_INT4_GEMV_MMA if bits == 4 and M <= _SMALL_M_INT4_MAX_M else GemvMmaConfig()
+
+
+def _plan_gemv_mma(qw, M: int, dtype, dev: int, config: GemvMmaConfig | None = None) -> Callable:
+    if config is None:
+        config = default_gemv_mma_config(M, qw.bits)
+    defines = {"WO_ELEMENT": _ELEMENT[dtype], "WO_BITS": qw.bits, **config.defines()}
     ce = _chunk_elems(qw.bits)
     K, N, G = qw.K, qw.N, qw.num_groups
     chunks = K // ce
     group_shift = 30 if G == 1 else int(math.log2(qw.block_size // ce))
     m_tiles = next(mt for mt in (1, 2, 4, 8) if M <= 8 * mt)
-    blocks_n = -(-N // 32)  # two 16-row tiles per warp
+    blocks_n = -(-N // (16 * config.row_tiles))
     # Split K across blocks only when N alone leaves SMs idle (aim for 2 blocks per SM then);
     # each split keeps >= one trip (4 chunks) for each of 8 warps.
     sm = _sm_count(dev)
-    splits = 1 if blocks_n >= sm else max(1, min(-(-2 * sm // blocks_n), chunks // 32))
+    if config.splits is not None:
+        splits = min(config.splits, max(1, chunks // 4))
+    else:
+        splits = 1 if blocks_n >= sm else max(1, min(-(-2 * sm // blocks_n), chunks // 32))
     per_split = -(-chunks // splits)
     splits = -(-chunks // per_split)
-    warps = 8
+    warps = config.warps
     while warps > 1 and 4 * warps > per_split:
         warps //= 2
     so = _scale_offset_words(qw, dtype)
@@ -333,9 +397,9 @@ def _gemv_run(gemv: _Launch, splits: int, M: int, N: int, defines: dict, dev: in
 # gemv_stream
 # ---------------------------------------------------------------------------------------------
 
-_STREAM_ROWS = 4          # kStreamRows in gemv_weight_only.cu: weight rows per warp
-_STREAM_WARPS = 8         # kStreamWarps: warps per block
-_STREAM_MIN_BLOCKS = 2    # kStreamMinBlocks: the __launch_bounds__ minimum of blocks per SM
+_STREAM_ROWS = StreamConfig().rows              # GEMV_STREAM_ROWS default: weight rows per warp
+_STREAM_WARPS = StreamConfig().warps            # GEMV_STREAM_WARPS default: warps per block
+_STREAM_MIN_BLOCKS = StreamConfig().min_blocks  # GEMV_STREAM_MIN_BLOCKS default: __launch_bounds__ blocks per SM
 _STREAM_STATIC_SMEM = 64  # the kernel's static shared memory (amax_bits[8]), rounded up
 
 
@@ -351,30 +415,33 @@ class StreamShape:
 
 
 def stream_launch_shape(M: int, N: int, K: int, bits: int, sm_count: int, smem_per_sm: int, smem_per_block: int,
-                        smem_reserved: int, blocks_per_sm: int = _STREAM_MIN_BLOCKS) -> StreamShape:
+                        smem_reserved: int, blocks_per_sm: int | None = None,
+                        config: StreamConfig = StreamConfig()) -> StreamShape:
     """The gemv_stream launch for one problem on one GPU (pure arithmetic, no GPU needed).
 
     A block stages its K range of the M activation rows (2 bytes per element, plus an fp32 sum per
-    chunk) in shared memory, which must leave room for ``_STREAM_MIN_BLOCKS`` blocks per SM: K is
-    split when it does not fit, and further when the row groups (4 rows each) fill at most half of the
-    warp slots (floor(slots / row groups) splits, each keeping >= 64 chunks). ``blocks_per_sm``
-    (the measured occupancy) sizes the persistent grid: about one wave.
+    chunk) in shared memory, which must leave room for ``config.min_blocks`` blocks per SM: K is
+    split when it does not fit, and further when the row groups (``config.rows`` rows each) fill at
+    most half of the warp slots (floor(slots / row groups) splits, each keeping >= 64 chunks).
+    ``blocks_per_sm`` (the measured occupancy; None: ``config.min_blocks``) sizes the persistent grid:
+    about one wave.
     """
     ce = _chunk_elems(bits)
     chunks = K // ce
-    row_groups = -(-N // _STREAM_ROWS)
-    budget = min(smem_per_block, smem_per_sm // _STREAM_MIN_BLOCKS - smem_reserved) - _STREAM_STATIC_SMEM
+    row_groups = -(-N // config.rows)
+    budget = min(smem_per_block, smem_per_sm // config.min_blocks - smem_reserved) - _STREAM_STATIC_SMEM
     chunk_bytes = M * (2 * ce + 4)
     cap = budget // chunk_bytes
     if cap < 1:
         raise ValueError(f"gemv_stream: {budget} bytes of shared memory per block cannot hold one chunk of "
                          f"M={M} activation rows")
     splits = -(-chunks // cap)
-    slots = sm_count * _STREAM_MIN_BLOCKS * _STREAM_WARPS
+    slots = sm_count * config.min_blocks * config.warps
     splits = max(splits, min(slots // row_groups, chunks // 64))
     per_split = -(-chunks // splits)
     splits = -(-chunks // per_split)
-    grid_x = max(1, min(-(-row_groups // _STREAM_WARPS), -(-sm_count * max(1, blocks_per_sm) // splits)))
+    blocks_per_sm = config.min_blocks if blocks_per_sm is None else blocks_per_sm
+    grid_x = max(1, min(-(-row_groups // config.warps), -(-sm_count * max(1, blocks_per_sm) // splits)))
     return StreamShape(splits, per_split, grid_x, M * per_split * (2 * ce + 4))
 
 
@@ -399,8 +466,8 @@ def _aligned_qweight(qw) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _plan_gemv_stream(qw, M: int, dtype, dev: int) -> Callable:
-    defines = {"WO_ELEMENT": _ELEMENT[dtype], "WO_BITS": qw.bits}
+def _plan_gemv_stream(qw, M: int, dtype, dev: int, config: StreamConfig = StreamConfig()) -> Callable:
+    defines = {"WO_ELEMENT": _ELEMENT[dtype], "WO_BITS": qw.bits, **config.defines()}
     ce = _chunk_elems(qw.bits)
     K, N, G = qw.K, qw.N, qw.num_groups
     qweight = _aligned_qweight(qw)
@@ -410,18 +477,19 @@ def _plan_gemv_stream(qw, M: int, dtype, dev: int) -> Callable:
     kernel = load_kernel("gemv_weight_only.cu", f"gemv_stream_m{M}", sig, defines)
     sm = _sm_count(dev)
     limits = _smem_limits(dev)
-    shape = stream_launch_shape(M, N, K, qw.bits, sm, *limits)
+    shape = stream_launch_shape(M, N, K, qw.bits, sm, *limits, config=config)
     kernel.set_max_dynamic_smem(shape.smem)
+    threads = 32 * config.warps
     occupancy = check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-        kernel.function(dev), 32 * _STREAM_WARPS, shape.smem), f"cuOccupancyMaxActiveBlocksPerMultiprocessor("
+        kernel.function(dev), threads, shape.smem), f"cuOccupancyMaxActiveBlocksPerMultiprocessor("
                       f"gemv_stream_m{M})")
     if occupancy < 1:
         raise RuntimeError(f"gemv_stream_m{M} cannot run with {shape.smem} bytes of shared memory on device {dev}")
-    if occupancy != _STREAM_MIN_BLOCKS:
-        log.debug("gemv_stream_m%d: %d blocks per SM (expected %d)", M, occupancy, _STREAM_MIN_BLOCKS)
-        shape = stream_launch_shape(M, N, K, qw.bits, sm, *limits, blocks_per_sm=occupancy)
+    if occupancy != config.min_blocks:
+        log.debug("gemv_stream_m%d: %d blocks per SM (expected %d)", M, occupancy, config.min_blocks)
+        shape = stream_launch_shape(M, N, K, qw.bits, sm, *limits, blocks_per_sm=occupancy, config=config)
     so = _scale_offset_words(qw, dtype)
-    gemv = _Launch(kernel, sig, (shape.grid_x, shape.splits), (32 * _STREAM_WARPS,), shape.smem,
+    gemv = _Launch(kernel, sig, (shape.grid_x, shape.splits), (threads,), shape.smem,
                    [0, qweight.data_ptr(), so.data_ptr(), 0, 0, 0, N, K, G, group_shift, chunks_per_group,
                     shape.chunks_per_split, 0], (0, 3, 4, 5, 12), dev)
     return _gemv_run(gemv, shape.splits, M, N, defines, dev, (so, qweight))
@@ -579,7 +647,7 @@ def _plan_dequant_cublas(qw, M: int, dtype, dev: int) -> Callable:
     return run
 
 
-_CONFIG_TYPES = {"gemm_mma": GemmConfig}
+_CONFIG_TYPES = {"gemm_mma": GemmConfig, "gemv_mma": GemvMmaConfig, "gemv_stream": StreamConfig}
 
 _PLANNERS = {
     "gemv_mma": _plan_gemv_mma,
@@ -650,8 +718,10 @@ def linear_weight_only(x2d: torch.Tensor, qw, bias: torch.Tensor | None = None, 
     x2d: contiguous CUDA [M, K] float16/bfloat16/float32; qw: a QuantizedWeight on the same device;
     bias: [N] or None (converted to x2d.dtype if it differs); act: 0 none, 1 relu, 2 relu6.
     strategy: None (default dispatch) or one of ``STRATEGIES``; out: optional contiguous [M, N]
-    tensor of x2d.dtype, 16-byte aligned, written in full. config: a GemmConfig for strategy
-    "gemm_mma" (benchmarks and tests; None = ``default_gemm_config(M)``).
+    tensor of x2d.dtype, 16-byte aligned, written in full. config: a kernel variant for the strategy
+    (benchmarks and tests): GemmConfig for "gemm_mma" (None = ``default_gemm_config(M)``),
+    GemvMmaConfig for "gemv_mma" (None = ``default_gemv_mma_config(M, bits)``), StreamConfig for
+    "gemv_stream" (None = the defaults).
     """
     if not isinstance(x2d, torch.Tensor) or x2d.dtype not in _ELEMENT:
         raise TypeError(f"x2d must be a float16/bfloat16/float32 tensor, got "
