@@ -8,8 +8,8 @@ on the GPU for each kernel generation and M bucket, and store the winners for th
 
 Candidates are timed with the ``dequant`` epilogue (f16 out, the common case) on the shapes of
 each bucket (``small``: M = 16 and 64; ``large``: M = 1024 and 4096; N = K = 8192); the winner is
-the configuration with the smallest summed device time. A kernel missing from the cache is built
-first (tens of seconds each).
+the configuration with the smallest summed device time, among the candidates whose int8-output
+(requant) variant also builds. A kernel missing from the cache is built first (tens of seconds each).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cutlass_ops.gemm import TUNING_DIR, _gpu_file_name, alignment_D, target_arch_for  # noqa: E402
-from cutlass_ops.gemm_build import GemmKernelSpec, build  # noqa: E402
+from cutlass_ops.gemm_build import GemmKernelSpec, build, lookup  # noqa: E402
 
 COOP, PING, TMA = "TmaWarpSpecializedCooperative", "TmaWarpSpecializedPingpong", "TmaWarpSpecialized"
 CANDIDATES = {
@@ -47,8 +47,9 @@ CANDIDATES = {
         ],
         "small": [
             {"threadblock_shape": [64, 128, 64], "stages": 6},
-            {"threadblock_shape": [64, 64, 128], "stages": 4},
-            {"threadblock_shape": [32, 128, 128], "stages": 4},
+            # not in the generator's Sm80 tile list: warp_count given explicitly
+            {"threadblock_shape": [64, 64, 128], "stages": 4, "warp_count": [2, 2, 1]},
+            {"threadblock_shape": [32, 128, 128], "stages": 4, "warp_count": [1, 4, 1]},
         ],
     },
 }
@@ -56,17 +57,27 @@ SHAPES = {"small": [16, 64], "large": [1024, 4096]}
 N = K = 8192
 
 
-def spec_for(kernel_cc: str, tile: dict, target: str) -> GemmKernelSpec:
+def spec_for(kernel_cc: str, tile: dict, target: str, epilogue: str = "dequant", element_D: str = "f16") -> GemmKernelSpec:
     return GemmKernelSpec(
         kernel_cc=int(kernel_cc), target_arch=target_arch_for(int(kernel_cc), int(target.rstrip("a"))),
-        epilogue="dequant", element_D="f16", threadblock_shape=tuple(tile["threadblock_shape"]),
+        epilogue=epilogue, element_D=element_D, threadblock_shape=tuple(tile["threadblock_shape"]),
         stages=tile.get("stages"), cluster_shape=tuple(tile.get("cluster_shape", (1, 1, 1))),
+        warp_count=tuple(tile["warp_count"]) if tile.get("warp_count") else None,
         kernel_schedule=tile.get("kernel_schedule"), epilogue_schedule=tile.get("epilogue_schedule"),
-        alignment_D=alignment_D(int(kernel_cc), "f16"))
+        alignment_D=alignment_D(int(kernel_cc), element_D))
 
 
-def _build(spec_dict: dict) -> bool:
-    return build(GemmKernelSpec.from_dict(spec_dict))[1]
+def int8_out_spec(kernel_cc: str, tile: dict, target: str) -> GemmKernelSpec:
+    """The candidate with the int8-output requant epilogue: a winner must build for it too (a tile
+    can compile for f16 output and not for int8's 16-element stores)."""
+    return spec_for(kernel_cc, tile, target, "requant", "s8")
+
+
+def _build(spec_dict: dict) -> str:
+    try:
+        return "cached" if build(GemmKernelSpec.from_dict(spec_dict))[1] else "built "
+    except Exception as exc:  # a candidate that does not build is reported and later skipped
+        return f"FAILED ({type(exc).__name__}: {str(exc).splitlines()[0][:100]})"
 
 
 def time_candidate(spec: GemmKernelSpec, bucket: str) -> float:
@@ -96,12 +107,12 @@ def main() -> int:
     args = p.parse_args()
     if args.build_only:
         target = args.target or "90"
-        specs = [spec_for(cc, tile, target) for cc in args.archs for tiles in CANDIDATES[cc].values()
-                 for tile in tiles]
+        specs = [make(cc, tile, target) for cc in args.archs for tiles in CANDIDATES[cc].values()
+                 for tile in tiles for make in (spec_for, int8_out_spec)]
         # one process per build: the CUTLASS interface keeps process-wide state while emitting
         with ProcessPoolExecutor(max(1, args.jobs)) as pool:
-            for spec, hit in zip(specs, pool.map(_build, [s.to_dict() for s in specs])):
-                print(f"{'cached' if hit else 'built '} {spec.name}", flush=True)
+            for spec, status in zip(specs, pool.map(_build, [s.to_dict() for s in specs])):
+                print(f"{status} {spec.name}", flush=True)
         return 0
 
     import torch
@@ -118,6 +129,9 @@ def main() -> int:
             timed = []
             for tile in tiles:
                 spec = spec_for(cc, tile, target)
+                if lookup(int8_out_spec(cc, tile, target)) is None:
+                    lines.append(f"| {cc} | {bucket} | {spec.name} | skipped: no int8-output build (--build-only) |")
+                    continue
                 try:
                     us = time_candidate(spec, bucket)
                 except Exception as exc:  # a candidate that cannot run this shape is skipped, and said
