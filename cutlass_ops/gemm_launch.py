@@ -232,7 +232,7 @@ class GemmKernel:
             stream = _raw_stream(device)
         with self._lock:
             state, params = self._params_for(M, N, K, pointers, scalars, device)
-            self.kernel.launch_params(state.grid, state.block, params, self.smem, stream, self.cluster)
+            self.kernel.launch_params(state.grid, state.block, params, self.smem, stream, self.cluster, device)
 
     def launch_state(self, M: int, N: int, K: int, pointers: Sequence[int], scalars: Sequence[float] = (),
                      device: int | None = None) -> tuple[bytes, tuple[int, int, int], tuple[int, int, int], bool]:
