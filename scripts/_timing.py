@@ -49,6 +49,16 @@ def kernel_us(fn, iters: int = 30, warmup: int = 5) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
 
 
+def write_report(lines: list[str], out=None) -> str:
+    """Join ``lines`` into a markdown report, print it, and write it to ``out`` (a Path) if given."""
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(report)
+    return report
+
+
 def table(header: list[str], rows: list[list]) -> str:
     fmt = lambda v: f"{v:.1f}" if isinstance(v, float) else str(v)  # noqa: E731
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cutlass_ops.formats import quantize_weight  # noqa: E402
 from cutlass_ops.ops import weight_only as wo  # noqa: E402
 from _read_floor import read_floor_us  # noqa: E402
+from _timing import host_us  # noqa: E402
 
 M_VALUES = (1, 16, 64, 256, 4096)
 SHAPES = ((8192, 8192), (28672, 8192))  # (N, K)
@@ -100,18 +100,6 @@ def tinygemm(N: int, K: int, copies: int):
 def weight_bytes(qw) -> int:
     """Bytes the fp16 kernels stream per call: packed weights + (scale, offset) half pairs."""
     return qw.qweight.numel() + 4 * qw.scale.numel()
-
-
-def host_us_per_call(fn, calls: int = 3000) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return 1e6 * (t1 - t0) / calls
 
 
 def main() -> int:
@@ -210,7 +198,7 @@ def main() -> int:
     for name, fn in (("linear_weight_only (W4A16)", lambda: wo.linear_weight_only(x, qw)),
                      ("cutlass_ops.linear (W4A16)", lambda: cutlass_ops.linear(x, qw)),
                      ("torch.matmul fp16", lambda: torch.matmul(x, w.T))):
-        lines.append(f"| {name} | {host_us_per_call(fn):.1f} |")
+        lines.append(f"| {name} | {host_us(fn, iters=3000, warmup=50):.1f} |")
         print(lines[-1], flush=True)
     lines.append("")
 

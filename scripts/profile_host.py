@@ -23,21 +23,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _timing  # noqa: E402
+
 CALLS = 3000
 
 
 def host_us(fn, calls: int = CALLS) -> float:
-    import time
-
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return 1e6 * (t1 - t0) / calls
+    return _timing.host_us(fn, iters=calls, warmup=100)
 
 
 def profile(fn, calls: int = 2000, top: int = 18) -> str:
@@ -158,11 +150,7 @@ def main() -> int:
               profile(lambda: cutlass_ops.linear(x1, qw4)), "```", "",
               "### cProfile: cutlass_ops.linear_w8a8 fused M=16, 2000 calls", "", "```",
               profile(lambda: cutlass_ops.linear_w8a8(x16, qw8)), "```", ""]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report)
+    _timing.write_report(lines, args.out)
     return 0
 
 

@@ -81,6 +81,7 @@ def read_floor(sizes_mb, bench_us, bw: float) -> list[str]:
 def main() -> int:
     import torch
 
+    from _timing import write_report
     from bench_weight_only import Rotating, bench_us, copy_bandwidth, weight_bytes
     from cutlass_ops.formats import quantize_weight
     from cutlass_ops.ops import weight_only as wo
@@ -172,11 +173,7 @@ def main() -> int:
     lines += ["## Best M = 1 variant per shape", "", "| N | K | bits | strategy | us | config |", "|---|---|---|---|---|---|"]
     for (N, K, bits, strategy), (us, cfg) in sorted(best.items()):
         lines.append(f"| {N} | {K} | {bits} | {strategy} | {us:.1f} | {cfg} |")
-    report = "\n".join(lines) + "\n"
-    print(report)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report)
+    write_report(lines, args.out)
     return 0
 
 
