@@ -26,6 +26,7 @@
 //                   must then be a multiple of the word's element count, 8 int4 or 4 int8).
 #include "common.cuh"
 #include "converters.cuh"
+#include "stream_loads.cuh"
 
 #include "weight_only_types.cuh"
 
@@ -38,30 +39,6 @@ constexpr int kMinBlocks = 2;       // blocks per SM the launch bounds promise (
 constexpr int kTilesInFlight = 4;   // 16-byte weight loads per thread issued before any conversion
 constexpr int kWordsPerTile = 128;  // 32 lanes x one 16-byte chunk (4 words)
 
-// L2 eviction policy for the weight loads (sm_80+): evict first, so that the freshly written W (read
-// by the GEMM right after) is what stays in L2. Created once per thread.
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t policy = 0;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-#endif
-  return policy;
-}
-
-// 16-byte weight load: read-only path, no L1 allocation (each byte is used once), L2 policy above.
-__device__ __forceinline__ uint4 load_weights_16B(const void* p, uint64_t policy) {
-  uint4 v;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-#else
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-#endif
-  return v;
-}
 
 __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -140,7 +117,7 @@ __device__ __forceinline__ void dequant_tiles(const uint4* __restrict__ B16, con
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warps_total = gridDim.x * kWarps;
-  const uint64_t policy = evict_first_policy();
+  const uint64_t policy = evict_first_policy();  // the freshly written W (read by the GEMM next) stays in L2
 
   for (int t0 = blockIdx.x * kWarps + warp; t0 < full_tiles; t0 += warps_total * kTilesInFlight) {
     uint4 wq[kTilesInFlight];
@@ -151,7 +128,7 @@ __device__ __forceinline__ void dequant_tiles(const uint4* __restrict__ B16, con
       const int tile = t0 + u * warps_total;
       if (tile < full_tiles) {
         const int chunk = tile * 32 + lane;
-        wq[u] = load_weights_16B(B16 + chunk, policy);
+        wq[u] = load_stream_16B_hint(B16 + chunk, policy);
         const int64_t e0 = static_cast<int64_t>(chunk) * (4 * kWordElems);  // first flat element of the chunk
 #pragma unroll
         for (int w = 0; w < kGroups; ++w) {

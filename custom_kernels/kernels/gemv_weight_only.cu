@@ -25,6 +25,8 @@
 //   splitk_reduce      sums the split-K workspace, adds bias, applies the activation.
 #include "common.cuh"
 #include "converters.cuh"
+#include "mma_sync.cuh"
+#include "stream_loads.cuh"
 
 #include "weight_only_types.cuh"
 
@@ -67,43 +69,6 @@ template <typename T>
 __device__ __forceinline__ void store_output(T* D, int64_t index, float v, const T* bias, int n, int act) {
   if (bias != nullptr) v += to_float(bias[n]);
   D[index] = from_float<T>(apply_activation(v, act));
-}
-
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-#define WO_HAS_SM80 1
-#else
-#define WO_HAS_SM80 0
-#endif
-
-// D += A * B for one m16n8k16 tile, fp32 accumulators (A row-major 16x16, B column-major 16x8).
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
-
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-#if WO_HAS_SM80
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();  // m16n8k16 needs sm_80; the host never selects this kernel below it
-#endif
-}
-
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                                         uint32_t b1) {
-#if WO_HAS_SM80
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();
-#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -441,30 +406,6 @@ constexpr int kStreamMinBlocks = GEMV_STREAM_MIN_BLOCKS;
 template <typename T> struct IsHalf { static constexpr bool value = false; };
 template <> struct IsHalf<__half> { static constexpr bool value = true; };
 
-// L2 eviction policy for the weight stream (sm_80+): evict first, the activations stay.
-__device__ __forceinline__ uint64_t stream_policy() {
-  uint64_t policy = 0;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-#endif
-  return policy;
-}
-
-// 16-byte weight load: read-only path, no L1 allocation, L2 evict-first (sm_80+).
-__device__ __forceinline__ uint4 load_stream_16B_hint(const void* p, uint64_t policy) {
-  uint4 v;
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-#else
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-#endif
-  return v;
-}
-
 // A T pair (raw 32 bits) as two floats.
 template <typename T> __device__ __forceinline__ float2 pair_to_float2(uint32_t p);
 template <> __device__ __forceinline__ float2 pair_to_float2<__half>(uint32_t p) {
@@ -529,7 +470,7 @@ __device__ __forceinline__ void gemv_stream(const T* __restrict__ A, const uint8
   const int kc = c_end - c_begin;  // chunks of this split (>= 1)
   const int row_groups = UP_DIV(N, kR);
   const int64_t row_bytes = static_cast<int64_t>(K) * kBits / 8;
-  const uint64_t policy = stream_policy();
+  const uint64_t policy = evict_first_policy();  // the weights go first, the activations stay in L2
 
   // Shared memory: x [kM][chunks_per_split * kVecs] vectors, then sum(x) [kM][chunks_per_split] floats.
   uint4* xs = gemv_stream_smem;
