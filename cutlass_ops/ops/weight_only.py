@@ -57,7 +57,6 @@ import functools
 import logging
 import math
 import threading
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -65,6 +64,11 @@ from cuda.bindings import driver
 
 from custom_kernels.launcher import LaunchShape, check, device_capability
 from cutlass_ops.ops._loader import load_kernel, on_device
+from cutlass_ops.ops.weight_only_variants import (  # noqa: F401  (re-exported)
+    _STREAM_MIN_BLOCKS, _STREAM_ROWS, _STREAM_STATIC_SMEM, _STREAM_WARPS, GEMM_CONFIGS, SMALL_M_INT4_GEMV_MMA,
+    GemmConfig, GemvMmaConfig, StreamConfig, StreamShape, chunk_elems as _chunk_elems, default_gemm_config,
+    default_gemv_mma_config, stream_launch_shape,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,77 +100,6 @@ _GEMV_MAX_M = 8          # gemv_simt / gemv_stream / gemv_dp4a instantiate M = 1
 _ELEMENT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
 
 
-@dataclass(frozen=True)
-class GemmConfig:
-    """A gemm_mma kernel variant (gemm_weight_only.cu ``gemm_mma_mt*``): m_tile = the CTA's M extent
-    (64 or 128; the N extent is 128)."""
-
-    m_tile: int = 128
-
-    def __post_init__(self):
-        if self.m_tile not in (64, 128):
-            raise ValueError(f"GemmConfig.m_tile must be 64 or 128, got {self.m_tile!r}")
-
-    def kernel_name(self) -> str:
-        return f"gemm_mma_mt{self.m_tile // 16}"
-
-
-GEMM_CONFIGS = (GemmConfig(64), GemmConfig(128))
-
-
-@dataclass(frozen=True)
-class GemvMmaConfig:
-    """A gemv_mma kernel variant (gemv_weight_only.cu ``GEMV_MMA_*`` defines): ``row_tiles`` 16-row
-    tiles of N per warp, ``unroll`` warp trips of weight loads issued before any use, ``min_blocks``
-    the ``__launch_bounds__`` blocks per SM (M <= 16), ``warps`` the most warps splitting K in a block,
-    ``splits`` the K splits across blocks (None: enough blocks for about 2 per SM)."""
-
-    row_tiles: int = 2
-    unroll: int = 4
-    min_blocks: int = 2
-    warps: int = 8
-    splits: int | None = None
-
-    def __post_init__(self):
-        for name, allowed in (("row_tiles", (1, 2, 4)), ("unroll", (1, 2, 4, 8)), ("min_blocks", (1, 2, 3, 4)),
-                              ("warps", (1, 2, 4, 8))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"GemvMmaConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if self.splits is not None and (not isinstance(self.splits, int) or self.splits < 1):
-            raise ValueError(f"GemvMmaConfig.splits must be None or a positive int, got {self.splits!r}")
-
-    def defines(self) -> dict[str, int]:
-        """The NVRTC defines that differ from the kernel's defaults (defaults compile as before)."""
-        base = GemvMmaConfig()
-        tuned = {f"GEMV_MMA_{k.upper()}": getattr(self, k) for k in ("row_tiles", "unroll", "min_blocks")
-                 if getattr(self, k) != getattr(base, k)}
-        return {**tuned, "GEMV_FAMILY": 1} if tuned else {}  # a variant builds only its own family
-
-
-@dataclass(frozen=True)
-class StreamConfig:
-    """A gemv_stream kernel variant (``GEMV_STREAM_*`` defines): ``rows`` weight rows per warp,
-    ``warps`` per block, ``min_blocks`` the ``__launch_bounds__`` blocks per SM."""
-
-    rows: int = 4
-    warps: int = 8
-    min_blocks: int = 2
-
-    def __post_init__(self):
-        for name, allowed in (("rows", (1, 2, 4, 8)), ("warps", (2, 4, 8, 16)), ("min_blocks", (1, 2, 3, 4))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"StreamConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-
-    def defines(self) -> dict[str, int]:
-        base = StreamConfig()
-        tuned = {f"GEMV_STREAM_{k.upper()}": getattr(self, k) for k in ("rows", "warps", "min_blocks")
-                 if getattr(self, k) != getattr(base, k)}
-        return {**tuned, "GEMV_FAMILY": 2} if tuned else {}
-
-
-def default_gemm_config(M: int) -> GemmConfig:
-    """64-row tiles up to M = 64 (measured 1.3x faster than 128 at M = 16..32 on an H200), else 128."""
-    return GemmConfig(64 if M <= 64 else 128)
 _CTYPES = {"P": ctypes.c_uint64, "i": ctypes.c_int32, "q": ctypes.c_int64}
 
 # torch's C++ accessor is several times cheaper than torch.cuda.current_stream(); fall back if absent.
@@ -212,11 +145,6 @@ class _Launch:
 # ---------------------------------------------------------------------------------------------
 # eligibility
 # ---------------------------------------------------------------------------------------------
-
-def _chunk_elems(bits: int) -> int:
-    """K elements in one 16-byte chunk of a weight row."""
-    return 32 if bits == 4 else 16
-
 
 def _is_pow2(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
@@ -327,18 +255,6 @@ def _block_shift(qw) -> int:
     return int(math.log2(qw.block_size)) if _is_pow2(qw.block_size) else -1
 
 
-# gemv_mma variant for int4 weights at M <= 4: one 16-row tile per warp, eight trips of loads in
-# flight, 4 warps per block. H100, W4A16 g128, M = 1: 21.9 vs 22.0 us (N = K = 8192) and 56.5 vs
-# 61.1 us (N = 28672); at M = 8 within 2% of the default, at M = 16 slower (scripts/sweep_gemv.py).
-SMALL_M_INT4_GEMV_MMA = GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=4)
-_SMALL_M_INT4_MAX_M = 4
-
-
-def default_gemv_mma_config(M: int, bits: int) -> GemvMmaConfig:
-    """The gemv_mma variant the default dispatch uses for M rows of ``bits``-bit weights."""
-    return SMALL_M_INT4_GEMV_MMA if bits == 4 and M <= _SMALL_M_INT4_MAX_M else GemvMmaConfig()
-
-
 def _plan_gemv_mma(qw, M: int, dtype, dev: int, config: GemvMmaConfig | None = None) -> Callable:
     if config is None:
         config = default_gemv_mma_config(M, qw.bits)
@@ -396,54 +312,6 @@ def _gemv_run(gemv: _Launch, splits: int, M: int, N: int, defines: dict, dev: in
 # ---------------------------------------------------------------------------------------------
 # gemv_stream
 # ---------------------------------------------------------------------------------------------
-
-_STREAM_ROWS = StreamConfig().rows              # GEMV_STREAM_ROWS default: weight rows per warp
-_STREAM_WARPS = StreamConfig().warps            # GEMV_STREAM_WARPS default: warps per block
-_STREAM_MIN_BLOCKS = StreamConfig().min_blocks  # GEMV_STREAM_MIN_BLOCKS default: __launch_bounds__ blocks per SM
-_STREAM_STATIC_SMEM = 64  # the kernel's static shared memory (amax_bits[8]), rounded up
-
-
-@dataclass(frozen=True)
-class StreamShape:
-    """gemv_stream launch: ``splits`` K ranges (gridDim.y) of ``chunks_per_split`` 16-byte chunks,
-    ``grid_x`` persistent blocks per split, ``smem`` bytes of dynamic shared memory per block."""
-
-    splits: int
-    chunks_per_split: int
-    grid_x: int
-    smem: int
-
-
-def stream_launch_shape(M: int, N: int, K: int, bits: int, sm_count: int, smem_per_sm: int, smem_per_block: int,
-                        smem_reserved: int, blocks_per_sm: int | None = None,
-                        config: StreamConfig = StreamConfig()) -> StreamShape:
-    """The gemv_stream launch for one problem on one GPU (pure arithmetic, no GPU needed).
-
-    A block stages its K range of the M activation rows (2 bytes per element, plus an fp32 sum per
-    chunk) in shared memory, which must leave room for ``config.min_blocks`` blocks per SM: K is
-    split when it does not fit, and further when the row groups (``config.rows`` rows each) fill at
-    most half of the warp slots (floor(slots / row groups) splits, each keeping >= 64 chunks).
-    ``blocks_per_sm`` (the measured occupancy; None: ``config.min_blocks``) sizes the persistent grid:
-    about one wave.
-    """
-    ce = _chunk_elems(bits)
-    chunks = K // ce
-    row_groups = -(-N // config.rows)
-    budget = min(smem_per_block, smem_per_sm // config.min_blocks - smem_reserved) - _STREAM_STATIC_SMEM
-    chunk_bytes = M * (2 * ce + 4)
-    cap = budget // chunk_bytes
-    if cap < 1:
-        raise ValueError(f"gemv_stream: {budget} bytes of shared memory per block cannot hold one chunk of "
-                         f"M={M} activation rows")
-    splits = -(-chunks // cap)
-    slots = sm_count * config.min_blocks * config.warps
-    splits = max(splits, min(slots // row_groups, chunks // 64))
-    per_split = -(-chunks // splits)
-    splits = -(-chunks // per_split)
-    blocks_per_sm = config.min_blocks if blocks_per_sm is None else blocks_per_sm
-    grid_x = max(1, min(-(-row_groups // config.warps), -(-sm_count * max(1, blocks_per_sm) // splits)))
-    return StreamShape(splits, per_split, grid_x, M * per_split * (2 * ce + 4))
-
 
 @functools.lru_cache(maxsize=None)
 def _smem_limits(device_index: int) -> tuple[int, int, int]:
