@@ -162,9 +162,46 @@ class Int8Gemm:
     def launch_checked(self, A: torch.Tensor, B: torch.Tensor, device: int, out: torch.Tensor | None,
                        inputs: dict[str, Any]) -> torch.Tensor:
         """__call__ for operands the public API has already checked (int8, 2-D, contiguous, same K,
-        every tensor on ``device``): the shape rules of this kernel and the inputs are still checked."""
-        M, N, K, pointers, scalars, out = self.launch_arguments(A, B, out, _checked_device=device, **inputs)
-        self._kernel.launch(M, N, K, pointers, scalars, device=device)
+        every tensor on ``device``): the shape rules of this kernel and the inputs are still checked.
+
+        The per-call host path: inline checks, with the general ones (and their messages) called only
+        when an inline check fails; anything unusual goes through :meth:`launch_arguments`."""
+        M, K = A.shape
+        N = B.shape[0]
+        if out is not None or self._scalars or not (M and N and K) or K % ALIGNMENT_K or N % self.spec.alignment_D:
+            M, N, K, pointers, scalars, out = self.launch_arguments(A, B, out, _checked_device=device, **inputs)
+            self._kernel.launch(M, N, K, pointers, scalars, device=device)
+            return out
+        found = {"A": A.data_ptr(), "B": B.data_ptr()}
+        for name, kind in self._inputs:
+            value = inputs.pop(name, None)
+            if value is None:
+                if name not in self.epilogue.optional:
+                    raise ValueError(f"epilogue {self.spec.epilogue!r} needs {name} ({kind}, float32)")
+                continue
+            if not (value.__class__ is torch.Tensor and value.dtype is torch.float32
+                    and (value.numel() == M if kind == "per_row" else value.numel() == N if kind == "per_col"
+                         else value.shape == (M, N))
+                    and value.is_contiguous()
+                    and value.get_device() == device):
+                _check_input(name, kind, value, M, N, device)
+            found[name] = value.data_ptr()
+        if inputs:
+            raise TypeError(f"epilogue {self.spec.epilogue!r} takes {list(self.epilogue.input_names)}; "
+                            f"unexpected {sorted(inputs)}")
+        out = A.new_empty((M, N), dtype=self.out_dtype)
+        found["D"] = d = out.data_ptr()
+        if self._c_is_d and "C" not in found:
+            found["C"] = d  # 2.x LinearCombination reads C only when beta != 0 (never here)
+        pointers = [found.get(name, 0) for name in self._kernel.pointer_names]
+        misaligned = 0
+        for p in pointers:
+            misaligned |= p
+        if misaligned & 15:
+            bad = [n for n, p in zip(self._kernel.pointer_names, pointers) if p & 15]
+            raise ValueError(f"{', '.join(bad)} must start on a 16-byte boundary (vectorized / TMA access); "
+                             f"a storage offset makes them misaligned: pass fresh contiguous tensors")
+        self._kernel.launch(M, N, K, pointers, (), device=device)
         return out
 
     def launch_arguments(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import torch
 
 from custom_kernels.cuda_paths import cuda_home
-from custom_kernels.launcher import Module
+from custom_kernels.launcher import LaunchShape, Module
 
 from .gemm_args import ArgumentLayout
 from .gemm_build import GemmArtifact
@@ -97,6 +97,7 @@ class _ShapeState:
     workspace: int  # device workspace baked into Params (0: none)
     verified: bool = False  # patched == fresh for real pointers (checked on the first call)
     rebuilt: dict = field(default_factory=dict)  # pointers tuple -> Params, for rebuilding kernels
+    shape: Any = None  # LaunchShape (grid, block, smem, cluster) for this state, built on first launch
 
 
 class GemmKernel:
@@ -126,6 +127,7 @@ class GemmKernel:
         self._host_library = lib
         self._slot = {name: i for i, name in enumerate(self.pointer_names)}
         self._states: dict[tuple, _ShapeState] = {}
+        self._param_addresses: dict[int, tuple] = {}  # id(Params) -> (Params, void*[1], its address)
         self._workspaces: dict[int, Any] = {}  # device -> torch uint8 tensor, allocated once, grown rarely
         self._lock = threading.Lock()
         self._device_info: dict[int, tuple[int, int]] = {}
@@ -232,7 +234,22 @@ class GemmKernel:
             stream = _raw_stream(device)
         with self._lock:
             state, params = self._params_for(M, N, K, pointers, scalars, device)
-            self.kernel.launch_params(state.grid, state.block, params, self.smem, stream, self.cluster, device)
+            shape = state.shape
+            if shape is None:
+                shape = state.shape = LaunchShape(self.kernel.function(device), state.grid, state.block, self.smem,
+                                                  self.cluster, self.name)
+            entry = self._param_addresses.get(id(params))
+            if entry is None or entry[0] is not params:
+                entry = self._param_address(params)
+            shape.launch(stream, entry[2])
+
+    def _param_address(self, params) -> tuple:
+        """(params, its void*[1], the array's address): kernelParams for a by-value Params struct."""
+        ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+        if len(self._param_addresses) > 2 * _REBUILT_KEPT:
+            self._param_addresses.clear()
+        entry = self._param_addresses[id(params)] = (params, ptrs, ctypes.addressof(ptrs))
+        return entry
 
     def launch_state(self, M: int, N: int, K: int, pointers: Sequence[int], scalars: Sequence[float] = (),
                      device: int | None = None) -> tuple[bytes, tuple[int, int, int], tuple[int, int, int], bool]:
@@ -283,4 +300,5 @@ class GemmKernel:
                     self.name, M, N, K)
         state.words = None
         state.grid, state.block = grid, block
+        state.shape = None
         return False
