@@ -6,7 +6,6 @@ kernels (one ``Params`` struct passed by value, optionally with a thread-block c
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
 import threading
 from dataclasses import dataclass
@@ -14,8 +13,7 @@ from typing import Any, Sequence
 
 from cuda.bindings import driver
 
-__all__ = ["CudaDriverError", "check", "Module", "Kernel", "LaunchShape", "current_stream_handle", "device_capability",
-           "set_launch_backend"]
+__all__ = ["CudaDriverError", "check", "Module", "Kernel", "LaunchShape", "current_stream_handle", "device_capability"]
 
 
 class CudaDriverError(RuntimeError):
@@ -36,119 +34,23 @@ def check(result: tuple, what: str) -> Any:
     return rest[0] if len(rest) == 1 else tuple(rest)
 
 
-def _raise_driver_error(code: int, what: str) -> None:
-    """Raise CudaDriverError for a raw CUresult ``code`` (decoded through cuda.bindings)."""
-    check((driver.CUresult(code),), what)
-
-
-class _LaunchConfigC(ctypes.Structure):
-    """cuda.h's CUlaunchConfig (cuLaunchKernelEx)."""
-
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p), ("attrs", ctypes.c_void_p),
-                ("numAttrs", ctypes.c_uint)]
-
-
-class _LaunchAttributeC(ctypes.Structure):
-    """cuda.h's CUlaunchAttribute: a 4-byte id padded to 8, then a 64-byte value union."""
-
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_uint * 16)]
-
-
-_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4  # cuda.h CUlaunchAttributeID
-
-
-class _DirectDriver:
-    """cuLaunchKernelEx of libcuda called through ctypes with a prebuilt CUlaunchConfig.
-
-    An alternative to cuda.bindings' wrappers, selected with ``CUTLASS_OPS_LAUNCH=ctypes``. Measured
-    on an H100 host (scripts/profile_host.py times both): 4.0 vs 3.9 us per launch, i.e. the driver's
-    own work dominates; cuda.bindings stays the default. Return codes are checked either way.
-    """
-
-    def __init__(self, lib: ctypes.CDLL):
-        self.launch_ex = lib.cuLaunchKernelEx
-        self.launch_ex.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-        self.launch_ex.restype = ctypes.c_int
-
-
-def _load_direct_driver() -> _DirectDriver | None:
-    if os.environ.get("CUTLASS_OPS_LAUNCH", "bindings").lower() != "ctypes":
-        return None
-    try:
-        return _DirectDriver(ctypes.CDLL("libcuda.so.1"))
-    except (OSError, AttributeError):  # no driver library (CPU machines) or an old one: cuda.bindings only
-        return None
-
-
-_direct: _DirectDriver | None | bool = False  # False: not looked up yet
-
-
-def _direct_driver() -> _DirectDriver | None:
-    global _direct
-    if _direct is False:
-        _direct = _load_direct_driver()
-    return _direct  # type: ignore[return-value]
-
-
-def set_launch_backend(name: str) -> None:
-    """"bindings" (cuda.bindings' wrappers, the default) or "ctypes" (libcuda's cuLaunchKernelEx).
-    Applies to launch shapes built afterwards (benchmarks and tests)."""
-    global _direct
-    if name not in ("ctypes", "bindings"):
-        raise ValueError(f"name must be 'ctypes' or 'bindings', got {name!r}")
-    if name == "bindings":
-        _direct = None
-        return
-    try:
-        _direct = _DirectDriver(ctypes.CDLL("libcuda.so.1"))
-    except (OSError, AttributeError) as exc:
-        _direct = None
-        raise RuntimeError(f"libcuda.so.1 cannot be loaded ({exc}): only the cuda.bindings launch is available") from exc
-
-
 class LaunchShape:
     """One kernel function with its grid, block, dynamic shared memory and cluster shape, ready to
     launch: ``launch(stream, params_addr)`` only sets the stream and calls the driver."""
 
     def __init__(self, function: Any, grid, block, smem: int = 0, cluster=(1, 1, 1), name: str = "kernel"):
         self.function = function
-        self.handle = int(function)
         self.grid = (tuple(grid) + (1, 1))[:3]
         self.block = (tuple(block) + (1, 1))[:3]
         self.smem = int(smem)
         self.cluster = (tuple(cluster) + (1, 1))[:3]
         self.name = name
-        self._lock = threading.Lock()  # the config's stream field is shared between callers
-        direct = _direct_driver()
-        self._launch_ex = direct.launch_ex if direct is not None else None
-        if self._launch_ex is not None:
-            cfg = _LaunchConfigC()
-            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = self.grid
-            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.block
-            cfg.sharedMemBytes = self.smem
-            self._attr = None
-            if self.cluster != (1, 1, 1):
-                self._attr = _LaunchAttributeC()
-                self._attr.id = _CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-                self._attr.value[0], self._attr.value[1], self._attr.value[2] = self.cluster
-                cfg.attrs = ctypes.addressof(self._attr)
-                cfg.numAttrs = 1
-            self._cfg, self._addr = cfg, ctypes.addressof(cfg)
-        elif self.cluster != (1, 1, 1):
+        self._lock = threading.Lock()  # the cluster config's stream field is shared between callers
+        if self.cluster != (1, 1, 1):
             self._cfg = _cluster_config(self.grid, self.block, self.smem, self.cluster)
 
     def launch(self, stream: int, params_addr: int) -> None:
         """Launch on ``stream`` (a raw CUstream, 0 = the legacy default) with kernelParams at ``params_addr``."""
-        if self._launch_ex is not None:
-            with self._lock:
-                self._cfg.hStream = stream or None
-                err = self._launch_ex(self._addr, self.handle, params_addr, None)
-            if err:
-                _raise_driver_error(err, f"cuLaunchKernelEx({self.name}, grid={self.grid}, block={self.block}, "
-                                         f"smem={self.smem}, cluster={self.cluster})")
-            return
         if self.cluster == (1, 1, 1):
             err, = driver.cuLaunchKernel(self.function, *self.grid, *self.block, self.smem, stream, params_addr, 0)
         else:
@@ -317,16 +219,21 @@ class Kernel:
                       stream: int | None = None, cluster: tuple[int, int, int] = (1, 1, 1),
                       device: int | None = None) -> None:
         """Launch a kernel whose only parameter is a by-value struct held in ``params``."""
-        # The void*[1] pointing at a params buffer is made once per buffer (callers keep one
-        # buffer per problem shape and rewrite it in place).
+        self._launch(grid, block, self.params_address(params), smem, stream, cluster, device)
+
+    def params_address(self, params: ctypes.Array | bytearray) -> int:
+        """kernelParams (the address of a void*[1]) for a by-value struct held in ``params``.
+
+        Made once per buffer: callers keep one buffer per problem shape (or per pointer set) and
+        rewrite it in place."""
         entry = self._param_arrays.get(id(params))
         if entry is None or entry[0] is not params:
             buf = params if isinstance(params, ctypes.Array) else (ctypes.c_char * len(params)).from_buffer(params)
             ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
-            if len(self._param_arrays) > 256:
+            if len(self._param_arrays) > 1024:
                 self._param_arrays.clear()
             entry = self._param_arrays[id(params)] = (params, buf, ptrs, ctypes.addressof(ptrs))
-        self._launch(grid, block, entry[3], smem, stream, cluster, device)
+        return entry[3]
 
     def _launch(self, grid, block, params_addr: int, smem: int, stream: int | None, cluster=(1, 1, 1),
                 device: int | None = None) -> None:

@@ -162,16 +162,28 @@ class Int8Gemm:
     def launch_checked(self, A: torch.Tensor, B: torch.Tensor, device: int, out: torch.Tensor | None,
                        inputs: dict[str, Any]) -> torch.Tensor:
         """__call__ for operands the public API has already checked (int8, 2-D, contiguous, same K,
-        every tensor on ``device``): the shape rules of this kernel and the inputs are still checked.
+        every tensor on ``device``): the shape rules of this kernel and the inputs are still checked."""
+        M, N, K, pointers, scalars, out = self.launch_arguments(A, B, out, _checked_device=device, **inputs)
+        self._kernel.launch(M, N, K, pointers, scalars, device=device)
+        return out
 
-        The per-call host path: inline checks, with the general ones (and their messages) called only
-        when an inline check fails; anything unusual goes through :meth:`launch_arguments`."""
-        M, K = A.shape
-        N = B.shape[0]
-        if out is not None or self._scalars or not (M and N and K) or K % ALIGNMENT_K or N % self.spec.alignment_D:
-            M, N, K, pointers, scalars, out = self.launch_arguments(A, B, out, _checked_device=device, **inputs)
-            self._kernel.launch(M, N, K, pointers, scalars, device=device)
-            return out
+    def launch_arguments(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
+                         _checked_device: int | None = None,
+                         **inputs: Any) -> tuple[int, int, int, list[int], tuple[float, ...], torch.Tensor]:
+        """Validate the operands; (M, N, K, pointers in kernel order, scalars, D) for the launch.
+
+        A per-call host path: cheap inline checks, with the general checks (and their messages)
+        called only when an inline check fails."""
+        if _checked_device is None:
+            M, N, K = _check_operands(A, B, self.spec.alignment_D, self.spec.element_D)
+            device = A.get_device()
+        else:  # types, ranks, contiguity and devices already checked by the caller
+            M, K = A.shape
+            N = B.shape[0]
+            if not (M and N and K) or K % ALIGNMENT_K or N % self.spec.alignment_D:
+                _check_sizes(M, N, K, self.spec.alignment_D, self.spec.element_D)
+            device = _checked_device
+        kernel = self._kernel or self.kernel
         found = {"A": A.data_ptr(), "B": B.data_ptr()}
         for name, kind in self._inputs:
             value = inputs.pop(name, None)
@@ -182,52 +194,11 @@ class Int8Gemm:
             if not (value.__class__ is torch.Tensor and value.dtype is torch.float32
                     and (value.numel() == M if kind == "per_row" else value.numel() == N if kind == "per_col"
                          else value.shape == (M, N))
-                    and value.is_contiguous()
-                    and value.get_device() == device):
+                    and value.is_contiguous() and value.get_device() == device):
                 _check_input(name, kind, value, M, N, device)
             found[name] = value.data_ptr()
-        if inputs:
-            raise TypeError(f"epilogue {self.spec.epilogue!r} takes {list(self.epilogue.input_names)}; "
-                            f"unexpected {sorted(inputs)}")
-        out = A.new_empty((M, N), dtype=self.out_dtype)
-        found["D"] = d = out.data_ptr()
-        if self._c_is_d and "C" not in found:
-            found["C"] = d  # 2.x LinearCombination reads C only when beta != 0 (never here)
-        pointers = [found.get(name, 0) for name in self._kernel.pointer_names]
-        misaligned = 0
-        for p in pointers:
-            misaligned |= p
-        if misaligned & 15:
-            bad = [n for n, p in zip(self._kernel.pointer_names, pointers) if p & 15]
-            raise ValueError(f"{', '.join(bad)} must start on a 16-byte boundary (vectorized / TMA access); "
-                             f"a storage offset makes them misaligned: pass fresh contiguous tensors")
-        self._kernel.launch(M, N, K, pointers, (), device=device)
-        return out
-
-    def launch_arguments(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
-                         _checked_device: int | None = None,
-                         **inputs: Any) -> tuple[int, int, int, list[int], tuple[float, ...], torch.Tensor]:
-        """Validate the operands; (M, N, K, pointers in kernel order, scalars, D) for the launch."""
-        if _checked_device is None:
-            M, N, K = _check_operands(A, B, self.spec.alignment_D, self.spec.element_D)
-            device = A.get_device()
-        else:  # types, ranks, contiguity and devices already checked by the caller
-            M, K = A.shape
-            N = B.shape[0]
-            _check_sizes(M, N, K, self.spec.alignment_D, self.spec.element_D)
-            device = _checked_device
-        kernel = self._kernel or self.kernel
-        values = {"A": A, "B": B}
-        for name, kind in self._inputs:
-            value = inputs.pop(name, None)
-            if value is None:
-                if name not in self.epilogue.optional:
-                    raise ValueError(f"epilogue {self.spec.epilogue!r} needs {name} ({kind}, float32)")
-            else:
-                _check_input(name, kind, value, M, N, device)
-            values[name] = value
         scalars = tuple(float(inputs.pop(name)) if name in inputs else _missing(self.spec.epilogue, name)
-                        for name in self._scalars)
+                        for name in self._scalars) if self._scalars else ()
         if inputs:
             raise TypeError(f"epilogue {self.spec.epilogue!r} takes {list(self.epilogue.input_names)}; "
                             f"unexpected {sorted(inputs)}")
@@ -236,15 +207,14 @@ class Int8Gemm:
         elif out.shape != (M, N) or out.dtype != self.out_dtype or not out.is_contiguous() or out.get_device() != device:
             raise ValueError(f"out must be a contiguous {self.out_dtype} tensor [M={M}, N={N}] on {A.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
-        values["D"] = out
-        if "C" not in values:
-            # 2.x LinearCombination reads C only when beta != 0 (never here): point it at D.
-            values["C"] = out if self._c_is_d else None
-        pointers = []
-        for name in kernel.pointer_names:
-            tensor = values.get(name)
-            pointers.append(0 if tensor is None else tensor.data_ptr())
-        if any(p & 15 for p in pointers):
+        found["D"] = d = out.data_ptr()
+        if self._c_is_d and "C" not in found:
+            found["C"] = d  # 2.x LinearCombination reads C only when beta != 0 (never here)
+        pointers = [found.get(name, 0) for name in kernel.pointer_names]
+        misaligned = 0
+        for p in pointers:
+            misaligned |= p
+        if misaligned & 15:
             bad = [n for n, p in zip(kernel.pointer_names, pointers) if p & 15]
             raise ValueError(f"{', '.join(bad)} must start on a 16-byte boundary (vectorized / TMA access); "
                              f"a storage offset makes them misaligned: pass fresh contiguous tensors")

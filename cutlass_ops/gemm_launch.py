@@ -2,9 +2,10 @@
 
 Per problem shape, once: fill the kernel's ``Arguments`` struct from the layout recorded at build
 time and call the host library's ``<kernel>_cutlass_ops_params`` for the ``Params`` bytes, grid
-and block. Per call: put the tensor pointers into ``Params`` and launch it with
-``Kernel.launch_params`` on torch's current stream (CUDA-graph capturable: no synchronisation, no
-device allocation; the first call of a shape may allocate a workspace, so warm up before capture).
+and block. Per call: put the tensor pointers into ``Params`` and launch it through a ``LaunchShape``
+(``Kernel.params_address`` gives its kernelParams) on torch's current stream (CUDA-graph capturable:
+no synchronisation, no device allocation; the first call of a shape may allocate a workspace, so
+warm up before capture).
 
 CUTLASS 2.x kernels (Sm75, Sm80) keep raw pointers in ``Params``: their byte offsets are found by
 building ``Params`` with three sets of sentinel pointers (differing in low and high bits), trusted
@@ -127,7 +128,6 @@ class GemmKernel:
         self._host_library = lib
         self._slot = {name: i for i, name in enumerate(self.pointer_names)}
         self._states: dict[tuple, _ShapeState] = {}
-        self._param_addresses: dict[int, tuple] = {}  # id(Params) -> (Params, void*[1], its address)
         self._workspaces: dict[int, Any] = {}  # device -> torch uint8 tensor, allocated once, grown rarely
         self._lock = threading.Lock()
         self._device_info: dict[int, tuple[int, int]] = {}
@@ -238,18 +238,7 @@ class GemmKernel:
             if shape is None:
                 shape = state.shape = LaunchShape(self.kernel.function(device), state.grid, state.block, self.smem,
                                                   self.cluster, self.name)
-            entry = self._param_addresses.get(id(params))
-            if entry is None or entry[0] is not params:
-                entry = self._param_address(params)
-            shape.launch(stream, entry[2])
-
-    def _param_address(self, params) -> tuple:
-        """(params, its void*[1], the array's address): kernelParams for a by-value Params struct."""
-        ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(params))
-        if len(self._param_addresses) > 2 * _REBUILT_KEPT:
-            self._param_addresses.clear()
-        entry = self._param_addresses[id(params)] = (params, ptrs, ctypes.addressof(ptrs))
-        return entry
+            shape.launch(stream, self.kernel.params_address(params))
 
     def launch_state(self, M: int, N: int, K: int, pointers: Sequence[int], scalars: Sequence[float] = (),
                      device: int | None = None) -> tuple[bytes, tuple[int, int, int], tuple[int, int, int], bool]:

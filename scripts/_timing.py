@@ -13,18 +13,9 @@ import time
 import torch
 
 
-def call_us(fn, iters: int = 50, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters * 1e6
-
-
-def host_us(fn, iters: int = 200, warmup: int = 5) -> float:
+def _timed_calls(fn, iters: int, warmup: int) -> tuple[float, float]:
+    """(host us per call, wall us per call) over ``iters`` back-to-back calls after a warm-up:
+    host = until the last call returned, wall = until the GPU finished them."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -33,7 +24,16 @@ def host_us(fn, iters: int = 200, warmup: int = 5) -> float:
         fn()
     t1 = time.perf_counter()
     torch.cuda.synchronize()
-    return (t1 - t0) / iters * 1e6
+    t2 = time.perf_counter()
+    return (t1 - t0) / iters * 1e6, (t2 - t0) / iters * 1e6
+
+
+def call_us(fn, iters: int = 50, warmup: int = 5) -> float:
+    return _timed_calls(fn, iters, warmup)[1]
+
+
+def host_us(fn, iters: int = 200, warmup: int = 5) -> float:
+    return _timed_calls(fn, iters, warmup)[0]
 
 
 def kernel_us(fn, iters: int = 30, warmup: int = 5) -> float:

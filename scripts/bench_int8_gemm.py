@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import call_us, host_us, kernel_us, table  # noqa: E402
+from _timing import call_us, host_us, kernel_us, table, write_report  # noqa: E402
 
 import cutlass_ops as ops  # noqa: E402
 
@@ -55,9 +55,7 @@ def main() -> int:
             rows.append([f"{M}x{N}x{K}", f"Sm{arch} {epi}", t, t_torch / t, kernel_us(fn), host_us(fn)])
     text = (f"GPU: {torch.cuda.get_device_name()}\n\n"
             + table(["M x N x K", "kernel", "call us", "torch/ours", "device us", "host us"], rows))
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    write_report([text], args.out)
     return 0
 
 

@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import call_us, host_us, kernel_us, table  # noqa: E402
+from _timing import call_us, host_us, kernel_us, table, write_report  # noqa: E402
 
 import cutlass_ops as ops  # noqa: E402
 from cutlass_ops.ops.quant import quantize_activation_gpu  # noqa: E402
@@ -58,9 +58,7 @@ def main() -> int:
     text = (f"GPU: {torch.cuda.get_device_name()}; N = K = {N}, block {bs}, fp16 activations; "
             f"times are wall us per call (host included)\n\n"
             + table(["M", "path", "us", "x per-channel"], rows))
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    write_report([text], args.out)
     return 0
 
 

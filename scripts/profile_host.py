@@ -76,22 +76,12 @@ def int8_gemm_layers(arch: int, M: int, N: int, K: int) -> list[tuple[str, float
             state.grid, state.block, params, kernel.smem, stream, kernel.cluster))),
         ("torch.empty(M, N) f16", host_us(lambda: torch.empty(M, N, dtype=torch.float16, device="cuda"))),
     ]
-    # The bare launch of the same Params, through each launch backend of custom_kernels.launcher.
-    from custom_kernels import launcher
+    # The bare driver launch of the same Params through a prebuilt LaunchShape.
+    from custom_kernels.launcher import LaunchShape
 
-    kernel.kernel.launch_params(state.grid, state.block, params, kernel.smem, stream, kernel.cluster, 0)
-    params_addr = next(e[3] for e in kernel.kernel._param_arrays.values() if e[0] is params)
-    fn = kernel.kernel.function(0)
-    for backend in ("ctypes", "bindings"):
-        try:
-            launcher.set_launch_backend(backend)
-        except RuntimeError as exc:
-            rows.append((f"LaunchShape.launch ({backend})", float("nan")))
-            continue
-        shape = launcher.LaunchShape(fn, state.grid, state.block, kernel.smem, kernel.cluster, kernel.name)
-        rows.append((f"LaunchShape.launch ({backend}: cuLaunchKernel{'Ex' if backend == 'ctypes' or kernel.cluster != (1, 1, 1) else ''})",
-                     host_us(lambda: shape.launch(stream, params_addr))))
-    launcher.set_launch_backend("bindings")
+    params_addr = kernel.kernel.params_address(params)
+    shape = LaunchShape(kernel.kernel.function(0), state.grid, state.block, kernel.smem, kernel.cluster, kernel.name)
+    rows.append(("LaunchShape.launch (cuLaunchKernel / Ex)", host_us(lambda: shape.launch(stream, params_addr))))
     try:
         rows.append(("torch._int_mm (reference)", host_us(lambda: torch._int_mm(A, B.t()))))
     except RuntimeError as exc:

@@ -73,28 +73,3 @@ def test_wrong_argument_count_is_a_type_error():
     with pytest.raises(TypeError, match="4 arguments"):
         k.launch((1,), (1,), (None, None, 1.0))
 
-
-@pytest.fixture(params=["ctypes", "bindings"])
-def launch_backend(request):
-    """Each launch backend of custom_kernels.launcher in turn; the default (bindings) restored after."""
-    from custom_kernels import launcher
-
-    launcher.set_launch_backend(request.param)
-    yield request.param
-    launcher.set_launch_backend("bindings")
-
-
-def test_each_launch_backend_runs_and_checks_errors(launch_backend):
-    k = _kernel()  # a fresh Module: its launch shapes are built under this backend
-    n = 5_003
-    x = torch.randn(n, device="cuda", dtype=torch.half)
-    y = torch.randn(n, device="cuda", dtype=torch.half)
-    expected = (0.5 * x.float() + y.float()).half()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        k.launch(((n + 127) // 128,), (128,), (x, y, 0.5, n))
-    side.synchronize()
-    torch.testing.assert_close(y, expected, rtol=0, atol=0)
-    with pytest.raises(CudaDriverError, match="cuLaunchKernel"):
-        k.launch((1,), (4096,), (x, x, 1.0, 1))
