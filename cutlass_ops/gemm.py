@@ -8,7 +8,10 @@ Hopper). Kernels come from the build cache (``scripts/build_kernels.py`` fills i
 from the cache is built on first use (tens of seconds, logged).
 
 Tiles come from ``tuning/default.json`` (overridden by ``tuning/<gpu name>.json``), per kernel
-generation and M bucket ("small": M <= small_m_max, else "large").
+generation and M bucket ("small": M <= small_m_max, "medium": M <= medium_m_max, else "large").
+A bucket's entry may carry ``float_out``: a complete tile (the same keys as the entry) used instead
+of the entry's own when D is f16, bf16 or f32, for tiles whose int8 (and int32) outputs do not build
+or are slower.
 """
 from __future__ import annotations
 
@@ -29,12 +32,16 @@ from .gemm_launch import GemmKernel
 log = logging.getLogger(__name__)
 
 __all__ = ["Int8Gemm", "get_plan", "int8_gemm", "int8_gemm_requant", "kernel_spec", "configured_specs", "resolve_arch",
-           "alignment_D", "target_arch_for"]
+           "alignment_D", "target_arch_for", "bucket_for", "BUCKETS", "FLOAT_OUTPUTS"]
 
 TUNING_DIR = Path(__file__).resolve().parent / "tuning"
 _DTYPE_NAMES = {torch.int32: "s32", torch.int8: "s8", torch.float16: "f16", torch.bfloat16: "bf16",
                 torch.float32: "f32"}
 _ELEMENT_BYTES = {"s8": 1, "f16": 2, "bf16": 2, "s32": 4, "f32": 4}
+# M buckets, smallest first: "small" M <= small_m_max < "medium" M <= medium_m_max < "large".
+BUCKETS = ("small", "medium", "large")
+# Output types a bucket's "float_out" tile applies to.
+FLOAT_OUTPUTS = frozenset({"f16", "bf16", "f32"})
 # A and B rows must be 16-byte aligned: every kernel here loads int8 operands 16 elements at a time
 # (cp.async / TMA), the only alignment the generator offers for int8 TensorOp GEMMs.
 ALIGNMENT_K = 16
@@ -80,8 +87,11 @@ def _gpu_file_name(gpu_name: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def tuning(gpu_name: str | None = None) -> dict[str, Any]:
-    """Tile table: default.json updated (per kernel cc and bucket) by ``<gpu_name>.json`` if present."""
+    """Tile table: default.json updated (per kernel cc and bucket) by ``<gpu_name>.json`` if present.
+
+    A bucket entry of the GPU file replaces default.json's entry whole (its ``float_out`` too)."""
     table = json.loads((TUNING_DIR / "default.json").read_text())
+    source = TUNING_DIR / "default.json"
     if gpu_name:
         path = TUNING_DIR / _gpu_file_name(gpu_name)
         if path.is_file():
@@ -91,18 +101,43 @@ def tuning(gpu_name: str | None = None) -> dict[str, Any]:
                     table[key] = {**table[key], **value}
                 else:
                     table[key] = value
+            source = path
             log.info("int8 GEMM tiles from %s", path)
+    small, medium = table.get("small_m_max"), table.get("medium_m_max")
+    if not (isinstance(small, int) and isinstance(medium, int) and 0 < small <= medium):
+        raise ValueError(f"{source}: need integers 0 < small_m_max <= medium_m_max, got "
+                         f"small_m_max={small!r}, medium_m_max={medium!r}")
     return table
 
 
+def _bucket_limits(table: dict[str, Any]) -> tuple[int, int]:
+    return table["small_m_max"], table["medium_m_max"]
+
+
+def bucket_for(M: int, gpu_name: str | None = None) -> str:
+    """The M bucket ("small", "medium" or "large") of a GEMM with M rows under ``gpu_name``'s tiles."""
+    return _bucket(M, tuning(gpu_name))
+
+
 def _bucket(M: int, table: dict[str, Any]) -> str:
-    return "small" if M <= int(table["small_m_max"]) else "large"
+    small, medium = _bucket_limits(table)
+    return "small" if M <= small else "medium" if M <= medium else "large"
 
 
 def kernel_spec(kernel_cc: int, target_arch: str, epilogue: str, element_D: str, bucket: str,
                 gpu_name: str | None = None) -> GemmKernelSpec:
-    """The spec of the kernel used for (kernel generation, target, epilogue, output type, M bucket)."""
-    tile = tuning(gpu_name)[str(kernel_cc)][bucket]
+    """The spec of the kernel used for (kernel generation, target, epilogue, output type, M bucket).
+
+    A float D (f16, bf16, f32) takes the bucket's ``float_out`` tile where the entry has one."""
+    if bucket not in BUCKETS:
+        raise ValueError(f"bucket must be one of {BUCKETS}, got {bucket!r}")
+    generation = tuning(gpu_name).get(str(kernel_cc), {})
+    if bucket not in generation:
+        raise ValueError(f"no {bucket!r} tile for Sm{kernel_cc} in the tuning tables (default.json"
+                         f"{' + ' + _gpu_file_name(gpu_name) if gpu_name else ''})")
+    tile = generation[bucket]
+    if element_D in FLOAT_OUTPUTS and "float_out" in tile:
+        tile = tile["float_out"]
     return GemmKernelSpec(
         kernel_cc=kernel_cc, target_arch=target_arch, epilogue=epilogue, element_D=element_D,
         threadblock_shape=tuple(tile["threadblock_shape"]), stages=tile.get("stages"),
@@ -113,10 +148,11 @@ def kernel_spec(kernel_cc: int, target_arch: str, epilogue: str, element_D: str,
 
 
 def configured_specs(target: int | str, epilogue_names: list[str] | None = None,
-                     buckets: tuple[str, ...] = ("small", "large"), gpu_name: str | None = None) -> list[GemmKernelSpec]:
-    """Every kernel ``int8_gemm`` may launch on a GPU of compute capability ``target``."""
+                     buckets: tuple[str, ...] = BUCKETS, gpu_name: str | None = None) -> list[GemmKernelSpec]:
+    """Every kernel ``int8_gemm`` may launch on a GPU of compute capability ``target``, each once
+    (buckets sharing a tile share a kernel)."""
     device_cc = int(str(target).rstrip("a"))
-    specs = []
+    specs: dict[GemmKernelSpec, None] = {}
     for kernel_cc in (90, 80, 75):
         if kernel_cc > device_cc or (kernel_cc == 90 and device_cc != 90):
             continue
@@ -124,9 +160,9 @@ def configured_specs(target: int | str, epilogue_names: list[str] | None = None,
             epi = epilogues.get(name)
             for element_D in epi.output_dtypes:
                 for bucket in buckets:
-                    specs.append(kernel_spec(kernel_cc, target_arch_for(kernel_cc, device_cc), name, element_D,
-                                             bucket, gpu_name))
-    return specs
+                    specs.setdefault(kernel_spec(kernel_cc, target_arch_for(kernel_cc, device_cc), name, element_D,
+                                                 bucket, gpu_name))
+    return list(specs)
 
 
 class Int8Gemm:
@@ -291,8 +327,8 @@ def get_plan(device: int, arch: int | None, epilogue: str, element_D: str | None
     return plan
 
 
-_fast_plans: dict[tuple, Int8Gemm] = {}  # (device, arch, epilogue, out_dtype, small M) -> plan
-_small_m_max: dict[int, int] = {}
+_fast_plans: dict[tuple, Int8Gemm] = {}  # (device, arch, epilogue, out_dtype, bucket index) -> plan
+_bucket_limits_by_device: dict[int, tuple[int, int]] = {}  # device -> (small_m_max, medium_m_max)
 
 
 def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch: int | None = None,
@@ -312,14 +348,16 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch:
         raise ValueError(f"A must be a 2-D CUDA tensor [M, K], got {type(A).__name__} "
                          f"{tuple(getattr(A, 'shape', ()))} on {getattr(A, 'device', None)}")
     device = A.get_device()
-    limit = _small_m_max.get(device)
-    if limit is None:
-        limit = _small_m_max[device] = int(tuning(_device_info(device)[1])["small_m_max"])
-    key = (device, arch, epilogue, out_dtype, A.shape[0] <= limit)
+    limits = _bucket_limits_by_device.get(device)
+    if limits is None:
+        limits = _bucket_limits_by_device[device] = _bucket_limits(tuning(_device_info(device)[1]))
+    M = A.shape[0]
+    # 0, 1, 2: the index in BUCKETS of _bucket(M) (two int compares, no table lookups per call)
+    key = (device, arch, epilogue, out_dtype, 0 if M <= limits[0] else 1 if M <= limits[1] else 2)
     plan = _fast_plans.get(key)
     if plan is None:
         element_D = _DTYPE_NAMES.get(out_dtype, out_dtype) if out_dtype is not None else None
-        plan = _fast_plans[key] = get_plan(device, arch, epilogue, element_D, A.shape[0])
+        plan = _fast_plans[key] = get_plan(device, arch, epilogue, element_D, M)
         plan.kernel  # load it now: launch_checked expects a loaded kernel
     if _checked:
         return plan.launch_checked(A, B, device, out, epilogue_args)

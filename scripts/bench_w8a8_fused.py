@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cutlass_ops.formats import QuantizedWeight  # noqa: E402
 from cutlass_ops.ops.w8a8_fused import (  # noqa: E402
-    TILE_CONFIGS, _activation_quantizer, choose_config, linear_w8a8_fused, prepare_weight_w8a8,
+    TILE_CONFIGS, WGMMA_CC, _activation_quantizer, choose_config, linear_w8a8_fused, prepare_weight_w8a8,
 )
 
 
@@ -78,6 +78,9 @@ def sample_error(D: torch.Tensor, quantized_A, qw: QuantizedWeight, rows: torch.
 
 def run(Ms, N, K, block_size, configs, reps) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(0)
+    major, minor = torch.cuda.get_device_capability()
+    cc = 10 * major + minor
+    configs = [c for c in configs if not TILE_CONFIGS[c].wgmma or cc == WGMMA_CC]  # wgmma: sm_90a only
     G = K // block_size
     qw = QuantizedWeight(torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8, device="cuda"),
                          torch.rand(N, G, generator=gen, device="cuda") * 0.02 + 1e-3,
@@ -101,7 +104,7 @@ def run(Ms, N, K, block_size, configs, reps) -> list[dict]:
             B_t = B_t.contiguous()
         g_mm = graph_of(lambda: torch._int_mm(A_mm, B_t), reps)
         t_mm = bench_ms(g_mm.replay, reps) * 1e3
-        default = choose_config(M, N)
+        default = choose_config(M, N, cc)
         sample = torch.arange(0, M, max(1, M // 64), device="cuda")
         for name in configs:
             call = lambda: linear_w8a8_fused(x, qw, None, 0, quantized_A=quantized_A, out=out, config=name)  # noqa: E731

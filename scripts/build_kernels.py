@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tqdm import tqdm  # noqa: E402
 
 import epilogues  # noqa: E402
-from cutlass_ops.gemm import configured_specs  # noqa: E402
+from cutlass_ops.gemm import BUCKETS, configured_specs  # noqa: E402
 from cutlass_ops.gemm_build import GemmKernelSpec, build  # noqa: E402
 
 
@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", nargs="+", default=["90"], help="target compute capabilities (75 80 86 89 90)")
     parser.add_argument("--epilogue", nargs="+", choices=epilogues.names(), help="only these epilogues")
-    parser.add_argument("--bucket", nargs="+", choices=("small", "large"), default=("small", "large"))
+    parser.add_argument("--bucket", nargs="+", choices=BUCKETS, default=BUCKETS,
+                        help="M buckets (default: all); a bucket's float_out tile is built for its float outputs")
     parser.add_argument("--gpu-name", help="apply tuning/<gpu name>.json (e.g. 'NVIDIA H100 80GB HBM3')")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="kernels built at once (2 nvcc each)")
     parser.add_argument("--list", action="store_true", help="print the kernels and exit")

@@ -23,7 +23,7 @@ names, and several --kernel-name filters add up):
         --kernel-name kns=conv_ --kernel-name kns=splitk_reduce --kernel-name kns=dequant_ \
         --kernel-name kns=quantize_q8_1 --kernel-name kns=test_int --kernel-name kns=test_uint \
         --kernel-name kns=quant_a_ --kernel-name kns=precompute_sum_bq --kernel-name kns=bias_act_ \
-        --kernel-name kns=w8a8_kblock_gemm \
+        --kernel-name kns=w8a8_kblock_gemm --kernel-name kns=w8a8_kblock_wgmma \
         python3 scripts/sanitize_kernels.py
 
 The script prints that command for the cases it selected (``--sanitizer-cmd`` prints only it; with
@@ -86,15 +86,17 @@ import torch  # noqa: E402
 # ---------------------------------------------------------------------------------------------
 
 FAMILIES = ("gemv_weight_only", "gemm_weight_only", "dequant_weight", "gemv_dp4a", "converters_test",
-            "conv_weight_only", "quant_a", "scheme2_epilogue", "w8a8_kblock_fused")
+            "conv_weight_only", "quant_a", "scheme2_epilogue", "w8a8_kblock_fused", "w8a8_kblock_wgmma")
 ALIASES = {"gemv": "gemv_weight_only", "gemm": "gemm_weight_only", "dequant": "dequant_weight",
            "dp4a": "gemv_dp4a", "converters": "converters_test", "conv": "conv_weight_only",
-           "quant": "quant_a", "scheme2": "scheme2_epilogue", "w8a8": "w8a8_kblock_fused"}
+           "quant": "quant_a", "scheme2": "scheme2_epilogue", "w8a8": "w8a8_kblock_fused",
+           "wgmma": "w8a8_kblock_wgmma"}
 
 # Substrings (compute-sanitizer kns= filters) that together match every project kernel and, as far
 # as we know, no torch / cuBLAS kernel; --check-coverage checks the first half of that claim.
 SANITIZER_PREFIXES = ("gemv_", "gemm_mma_mt", "gemm_simt", "conv_", "splitk_reduce", "dequant_", "quantize_q8_1",
-                      "test_int", "test_uint", "quant_a_", "precompute_sum_bq", "bias_act_", "w8a8_kblock_gemm")
+                      "test_int", "test_uint", "quant_a_", "precompute_sum_bq", "bias_act_", "w8a8_kblock_gemm",
+                      "w8a8_kblock_wgmma")
 
 # Kernels no case can reach, with the reason (checked by --check-coverage). Empty: all are reached.
 UNREACHABLE: dict[str, str] = {}
@@ -642,19 +644,36 @@ def _build_w8a8_cases() -> None:
             return wf.linear_w8a8_fused(x, qw, _vector(N, dtype) if bias else None, 1, quantized_A=qa, config=config)
         _add(f"w8a8_fused/{config}-g{bs}-{_DT_NAME[dtype]}-M129-N200-K{K_FOR_BLOCK[bs]}", "w8a8_kblock_fused",
              [_ref(F, "w8a8_kblock_gemm", wf.TILE_CONFIGS[config].defines(bs))], run)
-    for c in sorted(set(wf.TILE_CONFIGS) - {p[0] for p in plan}):  # variants added later
+    # The Hopper wgmma kernel: every block size (1, 2, 4 blocks per K tile and 2 tiles per block),
+    # the ragged second M tile holds one row; the 5-stage variant once.
+    for config, bs, dtype, bias in (("W", 32, torch.float16, True), ("W", 64, torch.bfloat16, False),
+                                    ("W", 128, torch.float32, True), ("W", 256, torch.float16, False),
+                                    ("W5", 128, torch.bfloat16, True)):
+        cfg = wf.TILE_CONFIGS[config]
+        def run_wgmma(config=config, bs=bs, dtype=dtype, bias=bias):
+            M, N, K = 129, 200, K_FOR_BLOCK[bs]
+            qw = _w8a8_weight(N, K, bs)
+            x = _activations(M, K, dtype, seed=12, scale=2.0)
+            qa = wf.quantize_activation_torch(x, bs)
+            return wf.linear_w8a8_fused(x, qw, _vector(N, dtype) if bias else None, 2, quantized_A=qa, config=config)
+        _add(f"w8a8_fused/{config}-g{bs}-{_DT_NAME[dtype]}-M129-N200-K{K_FOR_BLOCK[bs]}", "w8a8_kblock_wgmma",
+             [_ref(cfg.kernel_file, cfg.kernel_name, cfg.defines(bs))], run_wgmma, min_cc=wf.WGMMA_CC)
+    done = {p[0] for p in plan} | {"W", "W5"}
+    for c in sorted(set(wf.TILE_CONFIGS) - done):  # variants added later
         def run_extra(c=c):
             qw = _w8a8_weight(200, 4160, 64)
             x = _activations(129, 4160, torch.float16, seed=10)
             return wf.linear_w8a8_fused(x, qw, None, 0, quantized_A=wf.quantize_activation_torch(x, 64), config=c)
-        _add(f"w8a8_fused/{c}-g64-f16-M129-N200-K4160", "w8a8_kblock_fused",
-             [_ref(F, "w8a8_kblock_gemm", wf.TILE_CONFIGS[c].defines(64))], run_extra)
+        cfg = wf.TILE_CONFIGS[c]
+        _add(f"w8a8_fused/{c}-g64-f16-M129-N200-K4160", "w8a8_kblock_wgmma" if cfg.wgmma else "w8a8_kblock_fused",
+             [_ref(cfg.kernel_file, cfg.kernel_name, cfg.defines(64))], run_extra,
+             min_cc=wf.WGMMA_CC if cfg.wgmma else 0)
     # Default variant choice (choose_config) with the GPU QuantA inside the call; the last through the
     # public API (linear_w8a8, path="fused": no CUTLASS involved).
     for M, N, bs, dtype, public in ((1, 4097, 64, torch.float16, False), (17, 1000, 128, torch.bfloat16, False),
-                                    (33, 640, 64, torch.float32, True)):
+                                    (32, 640, 64, torch.float32, True)):
         K = K_FOR_BLOCK[bs]
-        cfg = wf.choose_config(M, N)
+        cfg = wf.choose_config(M, N)  # M <= 32: the mma.sync kernel on every GPU (wgmma cases above)
         def run_default(M=M, N=N, K=K, bs=bs, dtype=dtype, public=public):
             qw = _w8a8_weight(N, K, bs)
             x = _activations(M, K, dtype, seed=11)

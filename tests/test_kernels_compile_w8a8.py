@@ -28,8 +28,32 @@ def test_default_variant_compiles(arch):
 
 @pytest.mark.parametrize("config", sorted(TILE_CONFIGS))
 def test_every_tile_variant_compiles_for_hopper(config):
-    cubin = nvrtc.compile_file(KERNEL_FILE, "90a", defines=TILE_CONFIGS[config].defines(128))
+    cfg = TILE_CONFIGS[config]
+    cubin = nvrtc.compile_file(cfg.kernel_file, "90a", defines=cfg.defines(128))
     assert _is_cubin(cubin.data)
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_wgmma_kernel_compiles_for_every_block_size(block_size):
+    cfg = TILE_CONFIGS["W"]
+    cubin = nvrtc.compile_file(cfg.kernel_file, "90a", defines=cfg.defines(block_size))
+    assert _is_cubin(cubin.data)
+    # the sm_90a build is the real kernel, not the trap stub that other targets get
+    stub = nvrtc.compile_file(cfg.kernel_file, 90, defines=cfg.defines(block_size))
+    assert len(cubin.data) > 4 * len(stub.data)
+
+
+@pytest.mark.parametrize("arch", [75, 80, 90])
+def test_wgmma_kernel_builds_a_trap_stub_elsewhere(arch):
+    # every kernel compiles for every target; off sm_90a this one only traps (Python never launches it there)
+    assert _is_cubin(nvrtc.compile_file(w8a8_fused.WGMMA_KERNEL_FILE, arch).data)
+
+
+def test_wgmma_variant_is_refused_off_hopper():
+    assert w8a8_fused.choose_config(4096, 8192, cc=90) == "W"
+    assert not TILE_CONFIGS[w8a8_fused.choose_config(128, 8192, cc=90)].wgmma
+    assert not TILE_CONFIGS[w8a8_fused.choose_config(4096, 8192, cc=80)].wgmma
+    assert not TILE_CONFIGS[w8a8_fused.choose_config(16, 8192, cc=90)].wgmma
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
@@ -68,6 +92,9 @@ def test_smem_formula_matches_the_kernel_header():
     assert TILE_CONFIGS["L"].smem_bytes(128) == 86016
     # block 32 with BK=128 holds 4 parameter slots per stage
     assert TILE_CONFIGS["S"].smem_bytes(32) == 4 * (32 * 128 + 64 * 128 + 16 * 96 * 4) + 16 * 96
+    # wgmma: 5 * (2*128*128 + 128*16) + 1024 alignment + 5 barrier pairs
+    assert TILE_CONFIGS["W5"].smem_bytes(128) == 5 * (2 * 128 * 128 + 128 * 16) + 1024 + 16 * 5
+    assert TILE_CONFIGS["W5"].smem_bytes(32) == 5 * (2 * 128 * 128 + 4 * 128 * 16) + 1024 + 16 * 5
     for cfg in TILE_CONFIGS.values():
         for bs in BLOCK_SIZES:
             assert cfg.smem_bytes(bs) <= 227 * 1024, (cfg.name, bs)  # Hopper's per-block limit

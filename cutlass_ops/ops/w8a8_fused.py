@@ -28,17 +28,24 @@ __all__ = [
 
 KERNEL_FILE = "w8a8_kblock_fused.cu"
 KERNEL_NAME = "w8a8_kblock_gemm"
+# The Hopper variant (wgmma + warp-specialized cp.async ring): same arguments, sm_90a only.
+WGMMA_KERNEL_FILE = "w8a8_kblock_wgmma.cu"
+WGMMA_KERNEL_NAME = "w8a8_kblock_wgmma"
 # A_q, sA, oA, sumA, B_q, bvec, bias, D, M, N, K, G, act, out_kind
 SIGNATURE = "PPPPPPPPiiiiii"
 BLOCK_SIZES = (32, 64, 128, 256)  # |Cq| <= 2^22 (the kernel's exact int->float trick) needs bs <= 256
 OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _PREP_ATTR = "_w8a8_fused_prep"
 _DEFAULT_SMEM = 48 * 1024  # dynamic shared memory a launch gets without opting in
+_MAX_SMEM = 227 * 1024  # the most one block may opt in to (sm_80 163 KiB: a launch there fails loudly)
 
 
 @dataclass(frozen=True)
 class TileConfig:
-    """One compiled variant of the kernel: CTA tile BM x BN, K tile BK, warp grid, pipeline depth."""
+    """One compiled variant of the kernel: CTA tile BM x BN, K tile BK, warp grid, pipeline depth.
+
+    ``wgmma`` variants are the Hopper kernel (w8a8_kblock_wgmma.cu): two consumer warpgroups of
+    64 rows plus a producer warpgroup, a fixed 128 x 128 x 128 tile; only ``stages`` varies."""
 
     name: str
     BM: int
@@ -49,18 +56,32 @@ class TileConfig:
     stages: int
     min_blocks: int
     offset_lag: int = 1  # offset terms one k-step after the int32 -> fp32 step (spreads FP work)
+    wgmma: bool = False  # the sm_90a kernel
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps_m * self.warps_n
+        return 32 * self.warps_m * self.warps_n + (128 if self.wgmma else 0)
+
+    @property
+    def kernel_file(self) -> str:
+        return WGMMA_KERNEL_FILE if self.wgmma else KERNEL_FILE
+
+    @property
+    def kernel_name(self) -> str:
+        return WGMMA_KERNEL_NAME if self.wgmma else KERNEL_NAME
 
     def smem_bytes(self, block_size: int) -> int:
         """Dynamic shared memory of one CTA (the formula in the .cu file's header)."""
         slots = max(1, self.BK // block_size)
+        if self.wgmma:
+            return self.stages * (self.BM * self.BK + self.BN * self.BK + 16 * self.BN * slots) + 1024 \
+                + 16 * self.stages
         return self.stages * (self.BM * self.BK + self.BN * self.BK + 16 * (self.BM + self.BN) * slots) \
             + 16 * (self.BM + self.BN)
 
     def defines(self, block_size: int) -> dict[str, int]:
+        if self.wgmma:
+            return {"W8A8_BLOCK_SIZE": block_size, "W8A8W_STAGES": self.stages}
         return {
             "W8A8_BLOCK_SIZE": block_size, "W8A8_BM": self.BM, "W8A8_BN": self.BN, "W8A8_BK": self.BK,
             "W8A8_WARPS_M": self.warps_m, "W8A8_WARPS_N": self.warps_n, "W8A8_STAGES": self.stages,
@@ -75,16 +96,24 @@ TILE_CONFIGS: dict[str, TileConfig] = {c.name: c for c in (
     TileConfig("S", BM=32, BN=64, BK=128, warps_m=1, warps_n=4, stages=4, min_blocks=2),
     TileConfig("T", BM=16, BN=64, BK=128, warps_m=1, warps_n=4, stages=6, min_blocks=2),
     TileConfig("T32", BM=16, BN=32, BK=128, warps_m=1, warps_n=2, stages=6, min_blocks=4),
+    TileConfig("W", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True),
+    TileConfig("W5", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=5, min_blocks=1, wgmma=True),
 )}
+WGMMA_CC = 90  # compute capability the wgmma variants run on (sm_90a)
 
 
-def choose_config(M: int, N: int) -> str:
-    """Tile variant for an M x N output, from the variant sweep of scripts/bench_w8a8_fused.py.
+def choose_config(M: int, N: int, cc: int = 80) -> str:
+    """Tile variant for an M x N output on a GPU of compute capability ``cc``, from the variant
+    sweep of scripts/bench_w8a8_fused.py.
 
     H200, N = K = 8192, block 128 (kernel us): M=16: T 24.1, T32 25.7, S 30.1, M 68.3;
     M=256: M 113.4, L128 115.0, L 123.0; M=4096: M 1767, L128 1804, L 1929.
+    H100 (sm_90a), same shapes: M=128: M 75.0, W 95.2; M=256: W 93-99, W5 93-96, M 114.0;
+    M=4096: W 1352-1434, W5 1375-1452, M 1726-1751 (scripts/results/2026-11-22-nvidia-h100-bench_w8a8_fused.md).
     """
     del N  # every variant keeps >= 1 CTA per SM at N = 8192; N-dependent choices need more data
+    if cc == WGMMA_CC and M > 128:
+        return "W"
     if M <= 16:
         return "T"
     if M <= 32:
@@ -98,13 +127,25 @@ def _kernel_for(config_name: str, block_size: int, device_index: int):
     from cutlass_ops.ops._loader import load_kernel, target_arch
 
     cfg = TILE_CONFIGS[config_name]
+    arch = target_arch(device_index)
+    if cfg.wgmma and arch != "90a":
+        raise ValueError(f"config {config_name!r} is the wgmma kernel, which needs compute capability 9.0; "
+                         f"device {device_index} is sm_{arch}")
     with torch.cuda.device(device_index):
-        kernel = load_kernel(KERNEL_FILE, KERNEL_NAME, SIGNATURE, cfg.defines(block_size),
-                             arch=target_arch(device_index))
+        kernel = load_kernel(cfg.kernel_file, cfg.kernel_name, SIGNATURE, cfg.defines(block_size), arch=arch)
     smem = cfg.smem_bytes(block_size)
+    if smem > _MAX_SMEM:
+        raise ValueError(f"config {config_name!r} needs {smem} bytes of shared memory at block_size={block_size}; "
+                         f"the limit is {_MAX_SMEM}: use a variant with fewer stages")
     if smem > _DEFAULT_SMEM:
         kernel.set_max_dynamic_smem(smem)
     return kernel, smem
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> int:
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return 10 * major + minor
 
 
 @functools.lru_cache(maxsize=1)
@@ -264,9 +305,9 @@ def linear_w8a8_fused(x2d: torch.Tensor | None, qw, bias: torch.Tensor | None = 
             raise ValueError(f"bias is on {bias.device}, expected {device}")
         bias = bias.to(torch.float32).contiguous()
 
-    cfg = TILE_CONFIGS[config or choose_config(M, N)]
     current = torch.cuda.current_device()
     index = current if device.index is None else device.index
+    cfg = TILE_CONFIGS[config or choose_config(M, N, _capability(index))]
     kernel, smem = _kernel_for(cfg.name, bs, index)
     grid = (-(-M // cfg.BM) * -(-N // cfg.BN),)
     args = (A_q, sA, oA, sumA, prep["B_q"], prep["bvec"], bias, out, M, N, K, G, act, OUT_KIND[out_dtype])

@@ -1,0 +1,432 @@
+// Scheme 2 (W8A8, per K block) in ONE kernel on Hopper: wgmma int8 tensor cores with per-K-block
+// promotion into fp32 (the DeepGEMM scheme, here for int8 with offsets). Same inputs, formula and
+// result as w8a8_kblock_fused.cu (its header has the derivation):
+//
+//   D[m, n] = act( sum_i [ sA*(sB*Cq_i + sumA_i*oB) + oA*q_i ] + bias[n] ),   q_i = sB*sumB_i + bs*oB
+//
+// Inputs: A_q int8 [M, K]; sA, oA float32 [M, G]; sumA int32 [M, G]; B_q int8 [N, K];
+//         bvec float4 [G, N] = {sB, oB, q, 0}; bias float32 [N] or null; D [M, N] f32/f16/bf16.
+// K % block_size == 0 and K % 16 == 0 (checked in Python); M, N arbitrary.
+//
+// Structure (sm_90a only): a 128 x 128 output tile per CTA. Warps 0-7 are two consumer
+// warpgroups (64 rows each), warps 8-11 the producer warpgroup. The producer fills a STAGES-deep ring of
+// 128-wide K tiles of A and B (cp.async, 16 B each, written in the 128-byte swizzle that wgmma
+// descriptors read) plus each block's column parameters, and signals "full" on an mbarrier; the
+// consumers signal "empty" when a stage is consumed. Each consumer issues block j+1's wgmmas into
+// one int32 accumulator set and, while the tensor cores run them, promotes block j's set into
+// the fp32 accumulators (ping-pong): the FP32 pipe's promotion overlaps the tensor pipe.
+// No atomics, no int32 matrix in memory.
+//
+// Compile-time configuration: W8A8_BLOCK_SIZE (32/64/128/256), W8A8W_STAGES (>= 4; default 4).
+// Dynamic shared memory: STAGES * (2*128*128 + max(1, 128/block_size)*128*16) + 1024 (alignment)
+// + 16 * STAGES (barriers); cutlass_ops/ops/w8a8_fused.py computes the same number.
+#include "common.cuh"
+
+#ifndef W8A8_BLOCK_SIZE
+#define W8A8_BLOCK_SIZE 128
+#endif
+#ifndef W8A8W_STAGES
+#define W8A8W_STAGES 4
+#endif
+
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define W8A8W_HAS_WGMMA 1
+#else
+#define W8A8W_HAS_WGMMA 0
+#endif
+
+namespace cuops {
+namespace w8a8w {
+
+constexpr int BS = W8A8_BLOCK_SIZE;
+constexpr int STAGES = W8A8W_STAGES;
+static_assert(BS == 32 || BS == 64 || BS == 128 || BS == 256, "block_size must be 32, 64, 128 or 256");
+static_assert(STAGES >= 4, "the ping-pong needs the stages of two blocks plus the producer's lead");
+// Tiles whose copies a producer thread keeps in flight before it signals the oldest one full.
+// A consumer frees a block's stages only after the next block's tiles are full: the producer,
+// waiting to refill the stage of tile t - STAGES, must already have signalled tile
+// t - STAGES + 2 * tiles_per_block - 1, so it may lag by at most STAGES - 2 * tiles_per_block
+// tiles (0 for block 256 with 4 stages) without a deadlock. One tile of lag measured faster than
+// two on an H100 (M = 4096, N = K = 8192, block 128: 1352-1434 vs 1600 us).
+constexpr int kTilesPerBlockPre = BS > 128 ? BS / 128 : 1;
+constexpr int kMaxLag = STAGES - 2 * kTilesPerBlockPre;
+static_assert(kMaxLag >= 0, "block 256 spans two K tiles: it needs at least 4 stages");
+constexpr int kLag = kMaxLag < 1 ? kMaxLag : 1;
+
+constexpr int BM = 128, BN = 128, BK = 128;     // CTA tile; BK bytes = one 128-byte swizzle row
+constexpr int kConsumerWarps = 8;                // two warpgroups of 64 rows
+constexpr int kThreads = 32 * kConsumerWarps + 128;  // + the producer warpgroup
+// Register split (setmaxnreg): 2 x 128 consumer threads at 240 and 128 producer threads at 24
+// fill the 64K-register file; the launch bound alone would cap every thread at 168 and spill.
+constexpr int kConsumerRegs = 240, kProducerRegs = 24;
+constexpr int kStepsPerBlock = BS / 32;          // wgmma k32 steps per K block
+constexpr int kSlots = BK / BS > 0 ? BK / BS : 1;  // blocks whose column parameters a stage holds
+constexpr int kTilesPerBlock = BS > BK ? BS / BK : 1;
+constexpr int kTileBytes = BM * BK;              // A tile; the B tile has the same size
+constexpr int kColBytes = BN * 16;               // one block's float4 column parameters
+constexpr int kStageBytes = 2 * kTileBytes + kSlots * kColBytes;
+static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle-atom alignment");
+constexpr int kSmemBytes = STAGES * kStageBytes + 1024 + 16 * STAGES;
+constexpr int kGroupM = 8;                       // grouped tile order (L2 reuse), as in the mma.sync kernel
+
+struct Params {
+  const int8_t* A;
+  const float* sA;
+  const float* oA;
+  const int32_t* sumA;
+  const int8_t* B;
+  const float4* bvec;
+  const float* bias;
+  void* D;
+  int M, N, K, G, act, out_kind;
+};
+
+#if W8A8W_HAS_WGMMA
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global->shared copy, L1 bypassed (.cg); src_bytes = 0 zero-fills (ragged edges).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// cp.async writes through the generic proxy and wgmma reads shared memory through the async
+// proxy: the writer orders the two with this fence before it signals the stage full.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Spin until the barrier's phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+// wgmma shared-memory descriptor of a K-major tile in the 128-byte swizzle: rows of 128 bytes,
+// 8-row atoms of 1024 bytes (stride byte offset), start address in 16-byte units; the leading
+// byte offset is unused for swizzled K-major layouts. Advancing k by 32 bytes inside the atom
+// only moves the start address: the hardware applies the XOR swizzle to the final address.
+__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
+  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
+}
+
+// Orders this thread's earlier register accesses before later wgmma reads/writes of them.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// Keeps the compiler from moving accesses of r across the asynchronous wgmma boundaries.
+__device__ __forceinline__ void fence_reg(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// D(64x128, s32) (+)= A(64x32, s8, smem) * B(128x32, s8, smem)^T; scale_d = 0 starts from zero.
+__device__ __forceinline__ void wgmma_m64n128k32(uint32_t (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+      "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+struct Ring {
+  uint32_t base;  // shared address of stage 0 (1024-aligned)
+  uint32_t bars;  // full[STAGES] then empty[STAGES], 8 bytes each
+  __device__ __forceinline__ uint32_t a(int st) const { return base + st * kStageBytes; }
+  __device__ __forceinline__ uint32_t b(int st) const { return base + st * kStageBytes + kTileBytes; }
+  __device__ __forceinline__ uint32_t cols(int st, int slot) const {
+    return base + st * kStageBytes + 2 * kTileBytes + slot * kColBytes;
+  }
+  __device__ __forceinline__ uint32_t full(int st) const { return bars + 8 * st; }
+  __device__ __forceinline__ uint32_t empty(int st) const { return bars + 8 * (STAGES + st); }
+};
+
+// The producer warpgroup (128 threads): loads K tile t of A and B (swizzled) and the column
+// parameters of the blocks starting in it. Thread i always copies 16-byte chunk i % 8 of rows
+// i / 8 + 16 r, so its addresses advance by constants. Each thread signals "full" for tile
+// t - kLag once its own copies of it have landed (kLag + 1 tiles of copies in flight).
+__device__ __forceinline__ void producer(const Params& p, const Ring& ring, int m0, int n0, int T) {
+  const int tid = threadIdx.x - 32 * kConsumerWarps;
+  const int ch = tid & 7, row0 = tid >> 3;                 // rows row0 + 16 r, r = 0..7
+  // Swizzle<3,4,3>: chunk ^= row % 8, the same for rows row0 + 16 r
+  const uint32_t dst0 = row0 * BK + ((ch ^ (row0 & 7)) << 4);
+  const int rows_a = p.M - m0 - row0, rows_b = p.N - n0 - row0;  // row r is valid iff 16 r < rows_*
+  const long long step = 16LL * p.K;
+  const int8_t* a_base = p.A + static_cast<long long>(m0 + row0) * p.K + ch * 16;
+  const int8_t* b_base = p.B + static_cast<long long>(n0 + row0) * p.K + ch * 16;
+  for (int t = 0; t < T; ++t) {
+    const int st = t % STAGES;
+    if (t >= STAGES) mbar_wait(ring.empty(st), ((t / STAGES) + 1) & 1);
+    const int k0 = t * BK;
+    const bool k_ok = k0 + ch * 16 < p.K;
+    const int8_t* a = a_base + k0;
+    const int8_t* b = b_base + k0;
+    const uint32_t sa = ring.a(st), sb = ring.b(st);
+#pragma unroll
+    for (int r = 0; r < BM / 16; ++r) {
+      const uint32_t off = dst0 + r * 16 * BK;
+      const bool okA = k_ok && 16 * r < rows_a, okB = k_ok && 16 * r < rows_b;
+      cp_async16(sa + off, okA ? a + r * step : p.A, okA ? 16 : 0);
+      cp_async16(sb + off, okB ? b + r * step : p.B, okB ? 16 : 0);
+    }
+    if (t % kTilesPerBlock == 0) {
+#pragma unroll
+      for (int slot = 0; slot < kSlots; ++slot) {  // one float4 per column: 128 threads, 128 columns
+        const int g = t / kTilesPerBlock * kSlots + slot;
+        const bool ok = g < p.G && n0 + tid < p.N;
+        cp_async16(ring.cols(st, slot) + tid * 16, p.bvec + (ok ? static_cast<long long>(g) * p.N + n0 + tid : 0),
+                   ok ? 16 : 0);
+      }
+    }
+    cp_async_commit();
+    if (t >= kLag) {
+      cp_async_wait<kLag>();
+      fence_proxy_async();
+      mbar_arrive(ring.full((t - kLag) % STAGES));
+    }
+  }
+  cp_async_wait<0>();
+  fence_proxy_async();
+  for (int t = T > kLag ? T - kLag : 0; t < T; ++t) mbar_arrive(ring.full(t % STAGES));
+}
+
+// Issue block j's wgmmas (its bs/32 k-steps) into acc; one commit group per block.
+__device__ __forceinline__ void issue_block(uint32_t (&acc)[64], const Ring& ring, int wg, int j) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) fence_reg(acc[i]);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kStepsPerBlock; ++kk) {
+    const int s = j * kStepsPerBlock + kk;
+    const int t = s >> 2, sub = s & 3, st = t % STAGES;
+    if (kk == 0 || sub == 0) mbar_wait(ring.full(st), (t / STAGES) & 1);
+    const uint64_t da = sw128_desc(ring.a(st) + wg * 64 * BK + sub * 32);
+    const uint64_t db = sw128_desc(ring.b(st) + sub * 32);
+    wgmma_m64n128k32(acc, da, db, kk);
+  }
+  wgmma_commit();
+}
+
+struct RowParams {
+  float sA[2], oA[2], sumA[2];
+};
+
+__device__ __forceinline__ RowParams load_rows(const Params& p, int r0, int j) {
+  RowParams r;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int m = r0 + 8 * h;
+    const bool ok = m < p.M;
+    const long long idx = static_cast<long long>(ok ? m : 0) * p.G + j;
+    r.sA[h] = ok ? __ldg(p.sA + idx) : 0.0f;
+    r.oA[h] = ok ? __ldg(p.oA + idx) : 0.0f;
+    r.sumA[h] = ok ? static_cast<float>(__ldg(p.sumA + idx)) : 0.0f;
+  }
+  return r;
+}
+
+// acc_f += sA*(sB*Cq + sumA*oB) + oA*q for block j, whose int32 sums acc holds (wgmma done).
+__device__ __forceinline__ void promote(const uint32_t (&acc)[64], float (&acc_f)[64], const RowParams& r,
+                                        const Ring& ring, int j, int lane) {
+  const int t = (j * BS) / BK;
+  const uint32_t cols = ring.cols(t % STAGES, BS <= BK ? j % kSlots : 0);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int c = 8 * i + 2 * (lane & 3);
+    float4 b0, b1;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(b0.x), "=f"(b0.y), "=f"(b0.z), "=f"(b0.w) : "r"(cols + c * 16));
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(b1.x), "=f"(b1.y), "=f"(b1.z), "=f"(b1.w) : "r"(cols + c * 16 + 16));
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e >> 1;  // fragment: e = 0,1 row r0 (cols c, c+1); e = 2,3 row r0 + 8
+      const float4& b = (e & 1) ? b1 : b0;
+      // exact (|Cq| <= 2^22 < 2^24); sm_90 converts with I2FP on the ALU pipe, one instruction
+      const float cq = static_cast<float>(static_cast<int>(acc[4 * i + e]));
+      float v = cq * b.x;
+      v = fmaf(r.sumA[h], b.y, v);
+      acc_f[4 * i + e] = fmaf(r.sA[h], v, acc_f[4 * i + e]);
+      acc_f[4 * i + e] = fmaf(r.oA[h], b.z, acc_f[4 * i + e]);
+    }
+  }
+}
+
+// Stages whose every read is done once block j is promoted: signal them empty (one arrive per warp).
+__device__ __forceinline__ void release(const Ring& ring, int j, int G, int lane) {
+  const int end = (j + 1) * BS;  // K elements consumed
+  if (end % BK != 0 && j != G - 1) return;
+  __syncwarp();
+  if (lane == 0) {
+    const int t_last = (end - 1) / BK, t_first = (j * BS) / BK;
+    for (int t = t_first; t <= t_last; ++t) mbar_arrive(ring.empty(t % STAGES));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_pair(const Params& p, int m, int n, float v0, float v1) {
+  if (m >= p.M || n >= p.N) return;
+  T* row = static_cast<T*>(p.D) + static_cast<long long>(m) * p.N;
+  if (n + 1 < p.N && (p.N & 1) == 0) {
+    if constexpr (sizeof(T) == 4) {
+      *reinterpret_cast<float2*>(row + n) = make_float2(v0, v1);
+    } else {
+      T pair[2] = {from_float<T>(v0), from_float<T>(v1)};
+      *reinterpret_cast<uint32_t*>(row + n) = *reinterpret_cast<uint32_t*>(pair);
+    }
+  } else {
+    row[n] = from_float<T>(v0);
+    if (n + 1 < p.N) row[n + 1] = from_float<T>(v1);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void epilogue(const Params& p, const float (&acc_f)[64], int r0, int n0, int lane) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int n = n0 + 8 * i + 2 * (lane & 3);
+    const float b0 = p.bias != nullptr && n < p.N ? p.bias[n] : 0.0f;
+    const float b1 = p.bias != nullptr && n + 1 < p.N ? p.bias[n + 1] : 0.0f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      store_pair<T>(p, r0 + 8 * h, n, apply_activation(acc_f[4 * i + 2 * h] + b0, p.act),
+                    apply_activation(acc_f[4 * i + 2 * h + 1] + b1, p.act));
+    }
+  }
+}
+
+__device__ __forceinline__ void consumer(const Params& p, const Ring& ring, int m0, int n0) {
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int r0 = m0 + 64 * wg + 16 * warp + (lane >> 2);
+  uint32_t acc0[64], acc1[64];
+  float acc_f[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    acc0[i] = acc1[i] = 0u;
+    acc_f[i] = 0.0f;
+  }
+  const int G = p.G;
+  // Ping-pong: block j+1 runs on the tensor cores while block j is promoted. Every loop
+  // iteration ends with nothing in flight, so no accumulator that a wgmma is still writing is
+  // loop-carried (ptxas would otherwise serialize every wgmma).
+  issue_block(acc0, ring, wg, 0);
+  wgmma_wait<0>();
+  // Row parameters are loaded one block ahead of their promotion (their latency hides behind it).
+  RowParams r_even = load_rows(p, r0, 0);
+  for (int j = 0; j < G; j += 2) {
+    const RowParams r_odd = load_rows(p, r0, min(j + 1, G - 1));
+    if (j + 1 < G) issue_block(acc1, ring, wg, j + 1);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_reg(acc0[i]);
+    promote(acc0, acc_f, r_even, ring, j, lane);
+    release(ring, j, G, lane);
+    wgmma_wait<0>();
+    if (j + 1 >= G) break;
+    r_even = load_rows(p, r0, min(j + 2, G - 1));
+    if (j + 2 < G) issue_block(acc0, ring, wg, j + 2);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) fence_reg(acc1[i]);
+    promote(acc1, acc_f, r_odd, ring, j + 1, lane);
+    release(ring, j + 1, G, lane);
+    wgmma_wait<0>();
+  }
+  if (p.out_kind == 1)
+    epilogue<__half>(p, acc_f, r0, n0, lane);
+  else if (p.out_kind == 2)
+    epilogue<__nv_bfloat16>(p, acc_f, r0, n0, lane);
+  else
+    epilogue<float>(p, acc_f, r0, n0, lane);
+}
+
+#endif  // W8A8W_HAS_WGMMA
+
+}  // namespace w8a8w
+}  // namespace cuops
+
+extern "C" __global__ void __launch_bounds__(cuops::w8a8w::kThreads, 1)
+    w8a8_kblock_wgmma(const int8_t* __restrict__ A, const float* __restrict__ sA, const float* __restrict__ oA,
+                      const int32_t* __restrict__ sumA, const int8_t* __restrict__ B,
+                      const float4* __restrict__ bvec, const float* __restrict__ bias, void* __restrict__ D, int M,
+                      int N, int K, int G, int act, int out_kind) {
+#if W8A8W_HAS_WGMMA
+  using namespace cuops::w8a8w;
+  extern __shared__ __align__(1024) uint8_t w8a8w_smem[];
+  // A launch with less dynamic shared memory than the ring needs is a host bug: stop loudly.
+  uint32_t dyn_smem;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
+  if (dyn_smem < static_cast<uint32_t>(kSmemBytes) || blockDim.x != kThreads) __trap();
+  const Params p{A, sA, oA, sumA, B, bvec, bias, D, M, N, K, G, act, out_kind};
+
+  Ring ring;
+  ring.base = (smem_addr(w8a8w_smem) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+  ring.bars = ring.base + STAGES * kStageBytes;
+
+  const int tiles_m = UP_DIV(M, BM), tiles_n = UP_DIV(N, BN);
+  const int per_group = kGroupM * tiles_n;
+  const int group = blockIdx.x / per_group, first_m = group * kGroupM;
+  const int group_m = min(tiles_m - first_m, kGroupM);
+  const int m0 = (first_m + (blockIdx.x % per_group) % group_m) * BM;
+  const int n0 = ((blockIdx.x % per_group) / group_m) * BN;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(ring.full(s), 128);             // every producer thread arrives
+      mbar_init(ring.empty(s), kConsumerWarps);  // one arrive per consumer warp
+    }
+  }
+  __syncthreads();
+  const int T = UP_DIV(K, BK);
+  if (threadIdx.x >= 32 * kConsumerWarps) {
+    setmaxnreg_dec<kProducerRegs>();
+    producer(p, ring, m0, n0, T);
+  } else {
+    setmaxnreg_inc<kConsumerRegs>();
+    consumer(p, ring, m0, n0);
+  }
+#else
+  // Only sm_90a has wgmma; Python launches this kernel on compute capability 9.0 only.
+  __trap();
+#endif
+}
