@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from custom_kernels.launcher import device_capability  # noqa: E402
 from cutlass_ops.formats import QuantizedWeight  # noqa: E402
 from cutlass_ops.ops.w8a8_fused import (  # noqa: E402
     TILE_CONFIGS, WGMMA_CC, _activation_quantizer, choose_config, linear_w8a8_fused, prepare_weight_w8a8,
@@ -78,8 +79,7 @@ def sample_error(D: torch.Tensor, quantized_A, qw: QuantizedWeight, rows: torch.
 
 def run(Ms, N, K, block_size, configs, reps) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(0)
-    major, minor = torch.cuda.get_device_capability()
-    cc = 10 * major + minor
+    cc = device_capability()
     configs = [c for c in configs if not TILE_CONFIGS[c].wgmma or cc == WGMMA_CC]  # wgmma: sm_90a only
     G = K // block_size
     qw = QuantizedWeight(torch.randint(-128, 128, (N, K), generator=gen, dtype=torch.int8, device="cuda"),

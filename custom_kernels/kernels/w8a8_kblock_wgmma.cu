@@ -20,7 +20,7 @@
 // Compile-time configuration: W8A8_BLOCK_SIZE (32/64/128/256), W8A8W_STAGES (>= 4; default 4).
 // Dynamic shared memory: STAGES * (2*128*128 + max(1, 128/block_size)*128*16) + 1024 (alignment)
 // + 16 * STAGES (barriers); cutlass_ops/ops/w8a8_fused.py computes the same number.
-#include "common.cuh"
+#include "w8a8_kblock_common.cuh"
 
 #ifndef W8A8_BLOCK_SIZE
 #define W8A8_BLOCK_SIZE 128
@@ -39,6 +39,12 @@
 namespace cuops {
 namespace w8a8w {
 
+using w8a8::Params;
+using w8a8::cp_async16;
+using w8a8::cp_async_commit;
+using w8a8::cp_async_wait;
+using w8a8::smem_addr;
+
 constexpr int BS = W8A8_BLOCK_SIZE;
 constexpr int STAGES = W8A8W_STAGES;
 static_assert(BS == 32 || BS == 64 || BS == 128 || BS == 256, "block_size must be 32, 64, 128 or 256");
@@ -49,8 +55,7 @@ static_assert(STAGES >= 4, "the ping-pong needs the stages of two blocks plus th
 // t - STAGES + 2 * tiles_per_block - 1, so it may lag by at most STAGES - 2 * tiles_per_block
 // tiles (0 for block 256 with 4 stages) without a deadlock. One tile of lag measured faster than
 // two on an H100 (M = 4096, N = K = 8192, block 128: 1352-1434 vs 1600 us).
-constexpr int kTilesPerBlockPre = BS > 128 ? BS / 128 : 1;
-constexpr int kMaxLag = STAGES - 2 * kTilesPerBlockPre;
+constexpr int kMaxLag = STAGES - 2 * (BS > 128 ? BS / 128 : 1);  // 128: the K tile (BK below)
 static_assert(kMaxLag >= 0, "block 256 spans two K tiles: it needs at least 4 stages");
 constexpr int kLag = kMaxLag < 1 ? kMaxLag : 1;
 
@@ -68,36 +73,9 @@ constexpr int kColBytes = BN * 16;               // one block's float4 column pa
 constexpr int kStageBytes = 2 * kTileBytes + kSlots * kColBytes;
 static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle-atom alignment");
 constexpr int kSmemBytes = STAGES * kStageBytes + 1024 + 16 * STAGES;
-constexpr int kGroupM = 8;                       // grouped tile order (L2 reuse), as in the mma.sync kernel
 
-struct Params {
-  const int8_t* A;
-  const float* sA;
-  const float* oA;
-  const int32_t* sumA;
-  const int8_t* B;
-  const float4* bvec;
-  const float* bias;
-  void* D;
-  int M, N, K, G, act, out_kind;
-};
 
 #if W8A8W_HAS_WGMMA
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte global->shared copy, L1 bypassed (.cg); src_bytes = 0 zero-fills (ragged edges).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // cp.async writes through the generic proxy and wgmma reads shared memory through the async
 // proxy: the writer orders the two with this fence before it signals the stage full.
@@ -403,12 +381,8 @@ extern "C" __global__ void __launch_bounds__(cuops::w8a8w::kThreads, 1)
   ring.base = (smem_addr(w8a8w_smem) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
   ring.bars = ring.base + STAGES * kStageBytes;
 
-  const int tiles_m = UP_DIV(M, BM), tiles_n = UP_DIV(N, BN);
-  const int per_group = kGroupM * tiles_n;
-  const int group = blockIdx.x / per_group, first_m = group * kGroupM;
-  const int group_m = min(tiles_m - first_m, kGroupM);
-  const int m0 = (first_m + (blockIdx.x % per_group) % group_m) * BM;
-  const int n0 = ((blockIdx.x % per_group) / group_m) * BN;
+  int m0, n0;
+  cuops::w8a8::tile_coords<BM, BN>(p, m0, n0);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {

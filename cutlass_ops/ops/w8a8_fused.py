@@ -17,9 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
+from custom_kernels.launcher import device_capability
 from cutlass_ops._validate import check_dtype, check_ndim, check_shape, parse_activation
 
 log = logging.getLogger(__name__)
+
+# Compute capability per device index, asked of torch once (the choice below runs per call).
+_capability = functools.lru_cache(maxsize=None)(device_capability)
 
 __all__ = [
     "BLOCK_SIZES", "TILE_CONFIGS", "TileConfig", "choose_config", "prepare_weight_w8a8",
@@ -140,12 +144,6 @@ def _kernel_for(config_name: str, block_size: int, device_index: int):
     if smem > _DEFAULT_SMEM:
         kernel.set_max_dynamic_smem(smem)
     return kernel, smem
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(device_index: int) -> int:
-    major, minor = torch.cuda.get_device_capability(device_index)
-    return 10 * major + minor
 
 
 @functools.lru_cache(maxsize=1)

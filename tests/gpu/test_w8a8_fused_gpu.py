@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from custom_kernels.launcher import device_capability
 from cutlass_ops.formats import QuantizedWeight, quantize_activation_reference
 from cutlass_ops.ops import w8a8_fused
 from cutlass_ops.ops.w8a8_fused import (
@@ -22,11 +23,6 @@ pytestmark = pytest.mark.gpu
 
 UNIT_ROUNDOFF = {torch.float32: 0.0, torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 K_FOR_BLOCK = {32: 4160, 64: 4160, 128: 4352, 256: 4352}  # not multiples of the 128-wide K tile
-
-
-def _cc() -> int:
-    major, minor = torch.cuda.get_device_capability()
-    return 10 * major + minor
 
 
 def _weight(N: int, K: int, block_size: int, gen: torch.Generator) -> QuantizedWeight:
@@ -117,7 +113,7 @@ def test_matches_float64_reference(M, N, K, block_size, dtype, with_bias, act):
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("config", sorted(TILE_CONFIGS))
 def test_every_variant_and_block_size(config, block_size):
-    if TILE_CONFIGS[config].wgmma and _cc() != w8a8_fused.WGMMA_CC:
+    if TILE_CONFIGS[config].wgmma and device_capability() != w8a8_fused.WGMMA_CC:
         pytest.skip("the wgmma variants need compute capability 9.0")
     # M = 129 and N = 200 leave ragged tiles in both directions for every variant
     _run(129, 200, K_FOR_BLOCK[block_size], block_size, torch.float16, True, 0, config=config, seed=block_size)
@@ -180,7 +176,7 @@ def test_default_config_choice_and_cached_preparation():
     x = _activations(40, 512, torch.float16, gen)
     D1 = linear_w8a8_fused(x, qw)
     assert prepare_weight_w8a8(qw) is prep
-    D2 = linear_w8a8_fused(x, qw, config=choose_config(40, 256, _cc()))
+    D2 = linear_w8a8_fused(x, qw, config=choose_config(40, 256, device_capability()))
     torch.testing.assert_close(D1, D2, rtol=0, atol=0)  # same variant, same inputs: deterministic
 
 
