@@ -177,10 +177,10 @@ def linear_w8a8(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None 
 
 
 def _gemm_impl():
-    """cutlass_ops.gemm.int8_gemm, imported on first use (a per-call import costs host time)."""
+    """cutlass_ops.gemm.int8_gemm_checked, imported on first use (a per-call import costs host time)."""
     global _gemm_int8_gemm
     if _gemm_int8_gemm is None:
-        from cutlass_ops.gemm import int8_gemm as impl
+        from cutlass_ops.gemm import int8_gemm_checked as impl
         _gemm_int8_gemm = impl
     return _gemm_int8_gemm
 
@@ -199,25 +199,33 @@ def _check_int8_operands(A, B, a_name: str, b_name: str) -> None:
 
 
 def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch=None, out_dtype=None,
-              **epilogue_args) -> torch.Tensor:
-    """D[M, N] = epilogue(A[M, K] @ B[N, K]^T) with int8 A, B and an int32 accumulator (CUTLASS)."""
+              out: torch.Tensor | None = None, **epilogue_args) -> torch.Tensor:
+    """D[M, N] = epilogue(A[M, K] @ B[N, K]^T) with int8 A, B and an int32 accumulator (CUTLASS).
+
+    ``out``: a contiguous [M, N] tensor of the output type to write D into (saves the allocation);
+    its dtype stands for ``out_dtype`` when that is None."""
     # Inline checks first (host time per call matters here); the helpers give the precise errors.
     if not (A.__class__ is torch.Tensor and B.__class__ is torch.Tensor and A.dtype is torch.int8
             and B.dtype is torch.int8 and A.dim() == 2 and B.dim() == 2 and A.shape[1] == B.shape[1]):
         _check_int8_operands(A, B, "A", "B")
-    if not isinstance(epilogue, str) or not epilogue:
+    if epilogue.__class__ is not str or not epilogue:
         raise TypeError(f"epilogue must be a non-empty str naming a registered epilogue, got {epilogue!r}")
-    arch = _check_arch(arch)
-    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+    if arch is not None:
+        arch = _check_arch(arch)
+    if out_dtype is not None and out_dtype.__class__ is not torch.dtype:
         raise TypeError(f"out_dtype must be None or a torch.dtype, got {type(out_dtype).__name__}")
-    tensors = [v for v in epilogue_args.values() if isinstance(v, torch.Tensor)]
+    if out is not None:
+        if out.__class__ is not torch.Tensor:
+            raise TypeError(f"out must be None or a torch.Tensor, got {type(out).__name__}")
+        if out_dtype is None:
+            out_dtype = out.dtype
     device = A.get_device()  # -1 on the CPU
-    if device < 0 or B.get_device() != device or any(t.get_device() != device for t in tensors):
+    if device < 0 or B.get_device() != device:
         _check_devices("int8_gemm", "A", A, {"B": B, **{n: v for n, v in epilogue_args.items()
                                                          if isinstance(v, torch.Tensor)}})
-    _impl = _gemm_impl()
-    return _impl(A.contiguous(), B.contiguous(), epilogue, arch=arch, out_dtype=out_dtype, _checked=True,
-                 **epilogue_args)
+    # The epilogue's tensors (type, size, contiguity, device) are checked per input by the plan.
+    return (_gemm_int8_gemm or _gemm_impl())(A.contiguous(), B.contiguous(), epilogue, arch, out_dtype, out,
+                                             epilogue_args)
 
 
 def int8_gemm_requant(A_q: torch.Tensor, W_q: torch.Tensor, M_scale: torch.Tensor, fused_bias: torch.Tensor,

@@ -19,6 +19,7 @@ import functools
 import json
 import logging
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from .gemm_launch import GemmKernel
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Int8Gemm", "get_plan", "int8_gemm", "int8_gemm_requant", "kernel_spec", "configured_specs", "resolve_arch",
+__all__ = ["Int8Gemm", "get_plan", "int8_gemm", "int8_gemm_checked", "int8_gemm_requant", "kernel_spec", "configured_specs", "resolve_arch",
            "alignment_D", "target_arch_for", "bucket_for", "BUCKETS", "FLOAT_OUTPUTS"]
 
 TUNING_DIR = Path(__file__).resolve().parent / "tuning"
@@ -165,6 +166,22 @@ def configured_specs(target: int | str, epilogue_names: list[str] | None = None,
     return list(specs)
 
 
+@dataclass(frozen=True)
+class _Slots:
+    """The kernel's pointer list: its length, the slots of A, B, D and C (-1: none), whether C
+    takes D's pointer, the always-set pointers, and per epilogue tensor input (name, kind, slot,
+    required)."""
+
+    count: int
+    A: int
+    B: int
+    D: int
+    C: int
+    C_is_D: bool
+    always: int  # bit mask of the pointers every call sets (A, B, D and C when it is D)
+    inputs: tuple[tuple[str, str, int, bool], ...]
+
+
 class Int8Gemm:
     """One int8 GEMM kernel (a plan): validation of the operands and the launch."""
 
@@ -176,6 +193,7 @@ class Int8Gemm:
         self._inputs = self.epilogue.tensor_inputs
         self._scalars = tuple(n for n, k in self.epilogue.inputs if k == "scalar")
         self._c_is_d = spec.api == "2x" and not self.epilogue.evt
+        self._slots: _Slots | None = None
 
     @property
     def kernel(self) -> GemmKernel:
@@ -191,22 +209,28 @@ class Int8Gemm:
 
     def __call__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
                  **inputs: Any) -> torch.Tensor:
-        M, N, K, pointers, scalars, out = self.launch_arguments(A, B, out, **inputs)
-        self.kernel.launch(M, N, K, pointers, scalars, device=A.get_device())
+        M, N, K, pointers, nonnull, scalars, out = self._arguments(A, B, out, None, inputs)
+        self.kernel.launch(M, N, K, pointers, scalars, device=A.get_device(), nonnull=nonnull)
         return out
 
     def launch_checked(self, A: torch.Tensor, B: torch.Tensor, device: int, out: torch.Tensor | None,
                        inputs: dict[str, Any]) -> torch.Tensor:
         """__call__ for operands the public API has already checked (int8, 2-D, contiguous, same K,
-        every tensor on ``device``): the shape rules of this kernel and the inputs are still checked."""
-        M, N, K, pointers, scalars, out = self.launch_arguments(A, B, out, _checked_device=device, **inputs)
-        self._kernel.launch(M, N, K, pointers, scalars, device=device)
+        A and B on ``device``): the shape rules of this kernel and the inputs are still checked."""
+        M, N, K, pointers, nonnull, scalars, out = self._arguments(A, B, out, device, inputs)
+        self._kernel.launch(M, N, K, pointers, scalars, device=device, nonnull=nonnull)
         return out
 
     def launch_arguments(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
                          _checked_device: int | None = None,
                          **inputs: Any) -> tuple[int, int, int, list[int], tuple[float, ...], torch.Tensor]:
-        """Validate the operands; (M, N, K, pointers in kernel order, scalars, D) for the launch.
+        """Validate the operands; (M, N, K, pointers in kernel order, scalars, D) for the launch."""
+        M, N, K, pointers, _, scalars, out = self._arguments(A, B, out, _checked_device, inputs)
+        return M, N, K, pointers, scalars, out
+
+    def _arguments(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, _checked_device: int | None,
+                   inputs: dict[str, Any]) -> tuple[int, int, int, list[int], int, tuple[float, ...], torch.Tensor]:
+        """launch_arguments plus the bit mask of non-null pointers, with the inputs as one dict.
 
         A per-call host path: cheap inline checks, with the general checks (and their messages)
         called only when an inline check fails."""
@@ -219,42 +243,69 @@ class Int8Gemm:
             if not (M and N and K) or K % ALIGNMENT_K or N % self.spec.alignment_D:
                 _check_sizes(M, N, K, self.spec.alignment_D, self.spec.element_D)
             device = _checked_device
-        kernel = self._kernel or self.kernel
-        found = {"A": A.data_ptr(), "B": B.data_ptr()}
-        for name, kind in self._inputs:
-            value = inputs.pop(name, None)
+        slots = self._slots or self._pointer_slots()
+        pointers = [0] * slots.count
+        pointers[slots.A] = a = A.data_ptr()
+        pointers[slots.B] = b = B.data_ptr()
+        misaligned = a | b
+        nonnull = slots.always
+        given = 0
+        for name, kind, slot, required in slots.inputs:
+            value = inputs.get(name)
             if value is None:
-                if name not in self.epilogue.optional:
+                given += name in inputs  # passed as None: absent
+                if required:
                     raise ValueError(f"epilogue {self.spec.epilogue!r} needs {name} ({kind}, float32)")
                 continue
+            given += 1
             if not (value.__class__ is torch.Tensor and value.dtype is torch.float32
                     and (value.numel() == M if kind == "per_row" else value.numel() == N if kind == "per_col"
                          else value.shape == (M, N))
                     and value.is_contiguous() and value.get_device() == device):
                 _check_input(name, kind, value, M, N, device)
-            found[name] = value.data_ptr()
-        scalars = tuple(float(inputs.pop(name)) if name in inputs else _missing(self.spec.epilogue, name)
-                        for name in self._scalars) if self._scalars else ()
-        if inputs:
+            pointers[slot] = p = value.data_ptr()
+            misaligned |= p
+            nonnull |= 1 << slot
+        if self._scalars:
+            scalars = tuple(float(inputs[name]) if name in inputs else _missing(self.spec.epilogue, name)
+                            for name in self._scalars)
+            given += len(scalars)
+        else:
+            scalars = ()
+        if given != len(inputs):
+            unexpected = sorted(set(inputs) - set(self.epilogue.input_names))
             raise TypeError(f"epilogue {self.spec.epilogue!r} takes {list(self.epilogue.input_names)}; "
-                            f"unexpected {sorted(inputs)}")
+                            f"unexpected {unexpected or sorted(k for k, v in inputs.items() if v is None)}")
         if out is None:
             out = A.new_empty((M, N), dtype=self.out_dtype)
         elif out.shape != (M, N) or out.dtype != self.out_dtype or not out.is_contiguous() or out.get_device() != device:
             raise ValueError(f"out must be a contiguous {self.out_dtype} tensor [M={M}, N={N}] on {A.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
-        found["D"] = d = out.data_ptr()
-        if self._c_is_d and "C" not in found:
-            found["C"] = d  # 2.x LinearCombination reads C only when beta != 0 (never here)
-        pointers = [found.get(name, 0) for name in kernel.pointer_names]
-        misaligned = 0
-        for p in pointers:
-            misaligned |= p
+        pointers[slots.D] = d = out.data_ptr()
+        misaligned |= d
+        if slots.C_is_D:
+            pointers[slots.C] = d  # 2.x LinearCombination reads C only when beta != 0 (never here)
         if misaligned & 15:
-            bad = [n for n, p in zip(kernel.pointer_names, pointers) if p & 15]
+            bad = [n for n, p in zip(self.kernel.pointer_names, pointers) if p & 15]
             raise ValueError(f"{', '.join(bad)} must start on a 16-byte boundary (vectorized / TMA access); "
                              f"a storage offset makes them misaligned: pass fresh contiguous tensors")
-        return M, N, K, pointers, scalars, out
+        return M, N, K, pointers, nonnull, scalars, out
+
+    def _pointer_slots(self) -> "_Slots":
+        """Where each operand goes in the kernel's pointer list (made once, on the first call)."""
+        names = self.kernel.pointer_names
+        index = {name: i for i, name in enumerate(names)}
+        inputs = tuple((name, kind, index[name], name not in self.epilogue.optional)
+                       for name, kind in self._inputs if name in index)
+        missing = [name for name, _ in self._inputs if name not in index]
+        if missing or not {"A", "B", "D"} <= set(index):
+            raise RuntimeError(f"kernel {self.spec.name} has pointers {names}; expected A, B, D and "
+                               f"{[n for n, _ in self._inputs]}")
+        c_is_d = self._c_is_d and "C" in index and "C" not in {n for n, _ in self._inputs}
+        always = (1 << index["A"]) | (1 << index["B"]) | (1 << index["D"]) | ((1 << index["C"]) if c_is_d else 0)
+        self._slots = _Slots(len(names), index["A"], index["B"], index["D"], index.get("C", -1), c_is_d, always,
+                             inputs)
+        return self._slots
 
 
 def _missing(epilogue: str, name: str):
@@ -347,6 +398,21 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch:
     if not _checked and (not isinstance(A, torch.Tensor) or not A.is_cuda or A.dim() != 2):
         raise ValueError(f"A must be a 2-D CUDA tensor [M, K], got {type(A).__name__} "
                          f"{tuple(getattr(A, 'shape', ()))} on {getattr(A, 'device', None)}")
+    if _checked:
+        return int8_gemm_checked(A, B, epilogue, arch, out_dtype, out, epilogue_args)
+    return _plan_for(A, epilogue, arch, out_dtype)(A, B, out=out, **epilogue_args)
+
+
+def int8_gemm_checked(A: torch.Tensor, B: torch.Tensor, epilogue: str, arch: int | None,
+                      out_dtype: torch.dtype | str | None, out: torch.Tensor | None,
+                      inputs: dict[str, Any]) -> torch.Tensor:
+    """int8_gemm for operands the caller has checked (int8, 2-D, contiguous, same K, A and B on one
+    CUDA device), the epilogue inputs as one dict: the per-call path of ``cutlass_ops.int8_gemm``."""
+    return _plan_for(A, epilogue, arch, out_dtype).launch_checked(A, B, A.get_device(), out, inputs)
+
+
+def _plan_for(A: torch.Tensor, epilogue: str, arch: int | None, out_dtype: torch.dtype | str | None) -> Int8Gemm:
+    """The loaded plan for A's device and M bucket (two int compares and one dict lookup per call)."""
     device = A.get_device()
     limits = _bucket_limits_by_device.get(device)
     if limits is None:
@@ -359,9 +425,7 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch:
         element_D = _DTYPE_NAMES.get(out_dtype, out_dtype) if out_dtype is not None else None
         plan = _fast_plans[key] = get_plan(device, arch, epilogue, element_D, M)
         plan.kernel  # load it now: launch_checked expects a loaded kernel
-    if _checked:
-        return plan.launch_checked(A, B, device, out, epilogue_args)
-    return plan(A, B, out=out, **epilogue_args)
+    return plan
 
 
 def int8_gemm_requant(A_q: torch.Tensor, W_q: torch.Tensor, M_scale: torch.Tensor,

@@ -99,6 +99,7 @@ class _ShapeState:
     verified: bool = False  # patched == fresh for real pointers (checked on the first call)
     rebuilt: dict = field(default_factory=dict)  # pointers tuple -> Params, for rebuilding kernels
     shape: Any = None  # LaunchShape (grid, block, smem, cluster) for this state, built on first launch
+    view: Any = None  # params as 8-byte words (a memoryview), made on the first patch
 
 
 class GemmKernel:
@@ -225,15 +226,16 @@ class GemmKernel:
     # -- launch -------------------------------------------------------------------------------
 
     def launch(self, M: int, N: int, K: int, pointers: Sequence[int], scalars: Sequence[float] = (),
-               stream: int | None = None, device: int | None = None) -> None:
+               stream: int | None = None, device: int | None = None, nonnull: int | None = None) -> None:
         """Run the GEMM on ``stream`` (default: torch's current stream on ``device``, default the
-        current device). ``pointers`` follow ``self.pointer_names``; 0 stands for an absent input."""
+        current device). ``pointers`` follow ``self.pointer_names``; 0 stands for an absent input.
+        ``nonnull``: bit i set iff pointers[i] != 0, when the caller already knows it."""
         if device is None:
             device = torch.cuda.current_device()
         if stream is None:
             stream = _raw_stream(device)
         with self._lock:
-            state, params = self._params_for(M, N, K, pointers, scalars, device)
+            state, params = self._params_for(M, N, K, pointers, scalars, device, nonnull)
             shape = state.shape
             if shape is None:
                 shape = state.shape = LaunchShape(self.kernel.function(device), state.grid, state.block, self.smem,
@@ -252,14 +254,21 @@ class GemmKernel:
             return bytes(params), state.grid, state.block, state.words is not None
 
     def _params_for(self, M: int, N: int, K: int, pointers: Sequence[int], scalars: Sequence[float],
-                    device: int) -> tuple[_ShapeState, Any]:
-        key = (M, N, K, tuple(map(bool, pointers)), tuple(scalars), device)
+                    device: int, nonnull: int | None = None) -> tuple[_ShapeState, Any]:
+        if nonnull is None:
+            nonnull = sum(1 << i for i, p in enumerate(pointers) if p)
+        if scalars.__class__ is not tuple:
+            scalars = tuple(scalars)
+        key = (M, N, K, nonnull, scalars, device)
         state = self._states.get(key)
         if state is None:
-            state = self._states[key] = self._prepare(M, N, K, key[3], scalars, device)
+            flags = tuple(bool(nonnull >> i & 1) for i in range(len(pointers)))
+            state = self._states[key] = self._prepare(M, N, K, flags, scalars, device)
         if state.words is None:
             return state, self._rebuilt(state, M, N, K, pointers)
-        words = memoryview(state.params).cast("B").cast("Q")
+        words = state.view
+        if words is None:
+            words = state.view = memoryview(state.params).cast("B").cast("Q")
         for word, slot in state.words:
             words[word] = pointers[slot]
         if not state.verified and not self._verify(state, M, N, K, pointers, scalars, device):

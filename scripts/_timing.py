@@ -3,7 +3,8 @@
 ``call_us``: wall time per call as a user makes it (host cost included): many back-to-back
 calls between two synchronizations. ``host_us``: host time per call alone (the enqueue cost).
 ``kernel_us``: median device time per call from CUDA events around each call (warm, L2 rotated
-by the caller's choice of inputs).
+by the caller's choice of inputs; host-bound calls include their launch gaps). ``graph_us``:
+device time per call from a CUDA graph of repeated calls (no host cost, no launch gaps).
 """
 from __future__ import annotations
 
@@ -28,12 +29,48 @@ def _timed_calls(fn, iters: int, warmup: int) -> tuple[float, float]:
     return (t1 - t0) / iters * 1e6, (t2 - t0) / iters * 1e6
 
 
-def call_us(fn, iters: int = 50, warmup: int = 5) -> float:
-    return _timed_calls(fn, iters, warmup)[1]
+def call_us(fn, iters: int = 50, warmup: int = 5, repeats: int = 3) -> float:
+    """Median over ``repeats`` loops of ``iters`` calls of the wall us per call (one host hiccup
+    moves one loop; the first call's launch latency is spread over ``iters`` calls)."""
+    return statistics.median(_timed_calls(fn, iters, warmup)[1] for _ in range(repeats))
 
 
-def host_us(fn, iters: int = 200, warmup: int = 5) -> float:
-    return _timed_calls(fn, iters, warmup)[0]
+def host_us(fn, iters: int = 200, warmup: int = 5, repeats: int = 5) -> float:
+    """Median over ``repeats`` loops of the host us per call (each loop short enough that the
+    launch queue never fills, so the GPU's speed does not leak into the host time)."""
+    return statistics.median(_timed_calls(fn, max(1, iters // repeats), warmup)[0] for _ in range(repeats))
+
+
+def graph_of(fn, reps: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``reps`` calls of fn (launch gaps and host overhead removed)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # warm-up outside the capture (compiles, caches)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            for _ in range(reps):
+                fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return graph
+
+
+def graph_us(fn, reps: int = 20, iters: int = 10) -> float:
+    """Device us per call: median over ``iters`` replays of a CUDA graph of ``reps`` calls, / reps
+    (no host time and no launch gaps, so small problems are not timed as their host cost)."""
+    graph = graph_of(fn, reps)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return statistics.median(times)
 
 
 def kernel_us(fn, iters: int = 30, warmup: int = 5) -> float:

@@ -18,6 +18,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _timing import graph_of  # noqa: E402
 
 from custom_kernels.launcher import device_capability  # noqa: E402
 from cutlass_ops.formats import QuantizedWeight  # noqa: E402
@@ -44,21 +47,6 @@ def bench_ms(fn, reps_per_call: int = 1) -> float:
             end.synchronize()
             times.append(start.elapsed_time(end))
         return sorted(times)[len(times) // 2] / reps_per_call
-
-
-def graph_of(fn, reps: int) -> torch.cuda.CUDAGraph:
-    """A CUDA graph of `reps` calls of fn (launch gaps and host overhead removed)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # warm-up outside the capture (compiles, caches)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(reps):
-                fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    return graph
 
 
 def sample_error(D: torch.Tensor, quantized_A, qw: QuantizedWeight, rows: torch.Tensor) -> float:

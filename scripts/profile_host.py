@@ -66,6 +66,8 @@ def int8_gemm_layers(arch: int, M: int, N: int, K: int) -> list[tuple[str, float
     rows = [
         ("cutlass_ops.int8_gemm (public API)", host_us(lambda: cutlass_ops.int8_gemm(A, B, "dequant", arch=arch,
                                                                                        out_dtype=torch.float16, **kw))),
+        ("cutlass_ops.int8_gemm(out=D) (public API, D given)", host_us(lambda: cutlass_ops.int8_gemm(
+            A, B, "dequant", arch=arch, out=out, **kw))),
         ("cutlass_ops.gemm.int8_gemm", host_us(lambda: gemm.int8_gemm(A, B, "dequant", arch=arch,
                                                                         out_dtype=torch.float16, **kw))),
         ("plan(A, B, **inputs) (allocates D)", host_us(lambda: plan(A, B, **kw))),

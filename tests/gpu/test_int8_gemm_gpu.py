@@ -222,3 +222,31 @@ def test_errors_name_the_problem(gen):
     with pytest.raises(ValueError, match="16-byte"):
         base = _int8(4, 48, generator=gen)
         int8_gemm(base.view(-1)[8:8 + 4 * 32].view(4, 32), _int8(64, 32, generator=gen))
+
+
+def test_public_api_out_argument_and_input_errors(gen):
+    """cutlass_ops.int8_gemm: D written into ``out`` (whose dtype picks the kernel), and each bad
+    epilogue input named (the per-call path checks them in the plan, not in the API)."""
+    import cutlass_ops
+
+    A, B = _int8(17, 64, generator=gen), _int8(48, 64, generator=gen)
+    inputs = _inputs("dequant", 17, 48, gen)
+    s_row, s_col, bias = inputs["scale_row"], inputs["scale_col"], inputs["bias"]
+    spec, accum = epilogues.get("dequant"), _exact(A, B).cpu()
+    terms = spec.reference(accum.abs(), "f32", **{k: v.abs() for k, v in inputs.items()})
+    for dtype, element in ((torch.float16, "f16"), (torch.float32, "f32")):
+        out = torch.full((17, 48), float("nan"), dtype=dtype, device="cuda")
+        D = cutlass_ops.int8_gemm(A, B, "dequant", out=out, **inputs)
+        assert D is out
+        _check_float(out, spec.reference(accum, element, **inputs), element, terms)
+    with pytest.raises(ValueError, match="out must be a contiguous"):
+        cutlass_ops.int8_gemm(A, B, "dequant", out=torch.empty(17, 47, dtype=torch.float16, device="cuda"),
+                              scale_row=s_row, scale_col=s_col)
+    with pytest.raises(ValueError, match="scale_col must be contiguous on cuda"):
+        cutlass_ops.int8_gemm(A, B, "dequant", scale_row=s_row, scale_col=s_col.cpu())
+    with pytest.raises(TypeError, match="scale_row must be a float32"):
+        cutlass_ops.int8_gemm(A, B, "dequant", scale_row=s_row.half(), scale_col=s_col)
+    with pytest.raises(TypeError, match="unexpected"):
+        cutlass_ops.int8_gemm(A, B, "dequant", scale_row=s_row, scale_col=s_col, scales=s_col)
+    D = cutlass_ops.int8_gemm(A, B, "dequant", scale_row=s_row, scale_col=s_col, bias=None)  # None: absent
+    _check_float(D, spec.reference(accum, "f16", scale_row=s_row, scale_col=s_col), "f16", terms)
