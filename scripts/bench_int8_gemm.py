@@ -3,7 +3,8 @@
 generation, against torch._int_mm (cuBLASLt, int32 out, no scaling), timed as a user calls it.
 
 Columns: wall us per call (host cost included, back-to-back calls; the paths of one shape take
-turns over 5 rounds of 30 calls, median per path), the ratio
+turns over 5 rounds of 30 calls, in a rotating order and each after 0.1 s idle; median per path),
+the ratio
 torch/ours (>1 is faster than torch._int_mm), device us per call (a CUDA graph of 20 calls: no host
 cost), host us per call (median of 5 loops).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -53,16 +55,22 @@ def main() -> int:
                              "", "", ""])
                 continue
             calls[f"Sm{arch} dequant"] = fn
-        # Wall time per call: the paths take turns, 5 rounds, median per path (clock and host drift
-        # over the run then hit every path alike).
+        # Wall time per call: the paths take turns, 5 rounds in a rotating order, each loop after a
+        # short idle, median per path. At 8192^3 the GPU runs at its power limit and its clock follows
+        # what ran just before: without the rotation and the idle, a path timed right after a hotter
+        # one measured up to 20% slower than its own CUDA-graph time.
         walls: dict[str, list[float]] = {name: [] for name in calls}
-        for _ in range(5):
-            for name, fn in calls.items():
-                walls[name].append(call_us(fn, iters=30, repeats=1))
+        names = list(calls)
+        for r in range(5):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                torch.cuda.synchronize()
+                time.sleep(0.1)
+                walls[name].append(call_us(calls[name], iters=30, repeats=1))
         wall = {name: statistics.median(values) for name, values in walls.items()}
         for name, fn in calls.items():
-            rows.append([f"{M}x{N}x{K}", name, wall[name], wall["torch._int_mm"] / wall[name], graph_us(fn),
-                         host_us(fn)])
+            time.sleep(0.1)
+            device = graph_us(fn)
+            rows.append([f"{M}x{N}x{K}", name, wall[name], wall["torch._int_mm"] / wall[name], device, host_us(fn)])
     text = (f"GPU: {torch.cuda.get_device_name()}\n\n"
             + table(["M x N x K", "kernel", "call us", "torch/ours", "device us", "host us"], rows))
     write_report([text], args.out)
