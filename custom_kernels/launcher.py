@@ -115,10 +115,13 @@ _CTYPES = {
     "I": ctypes.c_uint32,
     "q": ctypes.c_int64,
     "f": ctypes.c_float,
+    "T": ctypes.c_char * 128,  # a CUtensorMap passed by value (__grid_constant__), as 128 bytes
 }
+# Parameter alignment in the kernel's parameter space (CUtensorMap is declared alignas(64)).
+_ALIGN = {"P": 8, "i": 4, "I": 4, "q": 8, "f": 4, "T": 64}
 
 
-_PACK = {"P": "Q", "i": "i", "I": "I", "q": "q", "f": "f"}
+_PACK = {"P": "Q", "i": "i", "I": "I", "q": "q", "f": "f", "T": "128s"}
 
 
 def _as_pointer(value: Any) -> int:
@@ -153,18 +156,25 @@ class Kernel:
             bad = set(signature) - set(_CTYPES)
             if bad:
                 raise ValueError(f"signature of {name} has unknown argument kinds {sorted(bad)}")
-            fields = [(f"a{i}", _CTYPES[c]) for i, c in enumerate(signature)]
-            struct_type = type(f"Args_{name}", (ctypes.Structure,), {"_fields_": fields})
-            offsets = [getattr(struct_type, f"a{i}").offset for i in range(len(signature))]
-            # One struct.pack_into format with explicit padding reproduces the C layout, so a
-            # call packs every argument in one C-level step into a buffer that lives with the kernel.
+            # The C layout of the parameter list: each argument at the next multiple of its alignment.
+            offsets, cur = [], 0
+            for c in signature:
+                cur = -(-cur // _ALIGN[c]) * _ALIGN[c]
+                offsets.append(cur)
+                cur += ctypes.sizeof(_CTYPES[c])
+            # One struct.pack_into format with explicit padding reproduces that layout, so a call
+            # packs every argument in one C-level step into a buffer that lives with the kernel.
             fmt, cur = "<", 0
             for c, off in zip(signature, offsets):
                 fmt += ("x" * (off - cur)) + _PACK[c]
                 cur = off + ctypes.sizeof(_CTYPES[c])
             self._fmt = struct.Struct(fmt)
             self._pointer_args = tuple(i for i, c in enumerate(signature) if c == "P")
-            self._buf = (ctypes.c_char * max(1, ctypes.sizeof(struct_type)))()
+            self._blob_args = tuple(i for i, c in enumerate(signature) if c == "T")
+            # 64-byte aligned buffer (over-allocated): the driver copies each argument from its address
+            self._raw = (ctypes.c_char * (max(1, cur) + 64))()
+            pad = -ctypes.addressof(self._raw) % 64
+            self._buf = (ctypes.c_char * max(1, cur)).from_buffer(self._raw, pad)
             base = ctypes.addressof(self._buf)
             self._ptrs = (ctypes.c_void_p * len(offsets))(*[base + off for off in offsets])
             self._ptrs_addr = ctypes.addressof(self._ptrs)
@@ -202,6 +212,10 @@ class Kernel:
         values = list(args)
         for i in self._pointer_args:
             values[i] = _as_pointer(values[i])
+        for i in self._blob_args:
+            if not isinstance(values[i], bytes) or len(values[i]) != 128:
+                raise TypeError(f"argument {i} of kernel {self.name} is a tensor map: 128 bytes, got "
+                                f"{type(values[i]).__name__}")
         return values
 
     def pack(self, args: Sequence[Any]) -> bytes:
@@ -283,7 +297,7 @@ class Module:
         return mod
 
     def kernel(self, name: str, signature: str | None = None) -> Kernel:
-        """The kernel ``name``; ``signature`` is one character per argument (P, i, I, q, f)."""
+        """The kernel ``name``; ``signature`` is one character per argument (P, i, I, q, f, T)."""
         k = self._kernels.get(name)
         if k is None:
             k = Kernel(self, name, signature)

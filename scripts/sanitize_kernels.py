@@ -645,10 +645,12 @@ def _build_w8a8_cases() -> None:
         _add(f"w8a8_fused/{config}-g{bs}-{_DT_NAME[dtype]}-M129-N200-K{K_FOR_BLOCK[bs]}", "w8a8_kblock_fused",
              [_ref(F, "w8a8_kblock_gemm", wf.TILE_CONFIGS[config].defines(bs))], run)
     # The Hopper wgmma kernel: every block size (1, 2, 4 blocks per K tile and 2 tiles per block),
-    # the ragged second M tile holds one row; the 5-stage variant once.
+    # the ragged second M tile holds one row; the 5-stage variant once; the TMA producer at the
+    # extremes (four blocks' column parameters per K tile, two K tiles per block).
     for config, bs, dtype, bias in (("W", 32, torch.float16, True), ("W", 64, torch.bfloat16, False),
                                     ("W", 128, torch.float32, True), ("W", 256, torch.float16, False),
-                                    ("W5", 128, torch.bfloat16, True)):
+                                    ("W5", 128, torch.bfloat16, True), ("WT", 32, torch.bfloat16, True),
+                                    ("WT", 256, torch.float32, False), ("WT5", 128, torch.float16, True)):
         cfg = wf.TILE_CONFIGS[config]
         def run_wgmma(config=config, bs=bs, dtype=dtype, bias=bias):
             M, N, K = 129, 200, K_FOR_BLOCK[bs]
@@ -658,7 +660,7 @@ def _build_w8a8_cases() -> None:
             return wf.linear_w8a8_fused(x, qw, _vector(N, dtype) if bias else None, 2, quantized_A=qa, config=config)
         _add(f"w8a8_fused/{config}-g{bs}-{_DT_NAME[dtype]}-M129-N200-K{K_FOR_BLOCK[bs]}", "w8a8_kblock_wgmma",
              [_ref(cfg.kernel_file, cfg.kernel_name, cfg.defines(bs))], run_wgmma, min_cc=wf.WGMMA_CC)
-    done = {p[0] for p in plan} | {"W", "W5"}
+    done = {p[0] for p in plan} | {"W", "W5", "WT", "WT5"}
     for c in sorted(set(wf.TILE_CONFIGS) - done):  # variants added later
         def run_extra(c=c):
             qw = _w8a8_weight(200, 4160, 64)

@@ -35,7 +35,7 @@ def test_every_tile_variant_compiles_for_hopper(config):
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_wgmma_kernel_compiles_for_every_block_size(block_size):
-    cfg = TILE_CONFIGS["W"]
+    cfg = TILE_CONFIGS[w8a8_fused.choose_config(4096, 8192, cc=w8a8_fused.WGMMA_CC)]  # the Hopper default
     cubin = nvrtc.compile_file(cfg.kernel_file, "90a", defines=cfg.defines(block_size))
     assert _is_cubin(cubin.data)
     # the sm_90a build is the real kernel, not the trap stub that other targets get
@@ -50,7 +50,7 @@ def test_wgmma_kernel_builds_a_trap_stub_elsewhere(arch):
 
 
 def test_wgmma_variant_is_refused_off_hopper():
-    assert w8a8_fused.choose_config(4096, 8192, cc=90) == "W"
+    assert TILE_CONFIGS[w8a8_fused.choose_config(4096, 8192, cc=90)].wgmma
     assert not TILE_CONFIGS[w8a8_fused.choose_config(128, 8192, cc=90)].wgmma
     assert not TILE_CONFIGS[w8a8_fused.choose_config(4096, 8192, cc=80)].wgmma
     assert not TILE_CONFIGS[w8a8_fused.choose_config(16, 8192, cc=90)].wgmma

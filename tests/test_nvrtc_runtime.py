@@ -82,3 +82,22 @@ def test_every_shipped_kernel_compiles(name, arch):
     """Every .cu file in custom_kernels/kernels builds with NVRTC for sm_75, sm_80 and sm_90."""
     cubin = nvrtc.compile_file(name, arch)
     assert _is_cubin(cubin.data)
+
+
+def test_argument_packing_follows_the_c_parameter_layout():
+    """Each argument at the next multiple of its alignment: a tensor map ('T', 128 bytes,
+    alignas(64)) after 4-byte ints starts at the next 64-byte boundary."""
+    import struct
+
+    from custom_kernels.launcher import Kernel
+
+    k = Kernel(None, "k", "PiiT")
+    blob = bytes(range(128))
+    packed = k.pack([0x1122334455667788, 7, -3, blob])
+    assert len(packed) == 64 + 128
+    assert struct.unpack_from("<Qii", packed, 0) == (0x1122334455667788, 7, -3)
+    assert packed[64:] == blob
+    assert packed[16:64] == bytes(48)  # padding
+    with pytest.raises(TypeError, match="tensor map"):
+        k.pack([0, 1, 2, b"short"])
+    assert len(Kernel(None, "k2", "PPiif").pack([0, 0, 1, 2, 1.5])) == 28  # unchanged for plain kinds

@@ -17,7 +17,9 @@
 // the fp32 accumulators (ping-pong): the FP32 pipe's promotion overlaps the tensor pipe.
 // No atomics, no int32 matrix in memory.
 //
-// Compile-time configuration: W8A8_BLOCK_SIZE (32/64/128/256), W8A8W_STAGES (>= 4; default 4).
+// Compile-time configuration: W8A8_BLOCK_SIZE (32/64/128/256), W8A8W_STAGES (>= 4; default 4),
+// W8A8W_TMA (1: one producer thread loads the tiles with TMA from two tensor maps, the kernel's
+// last two parameters; 0: the producer warpgroup copies them with cp.async).
 // Dynamic shared memory: STAGES * (2*128*128 + max(1, 128/block_size)*128*16) + 1024 (alignment)
 // + 16 * STAGES (barriers); cutlass_ops/ops/w8a8_fused.py computes the same number.
 #include "w8a8_kblock_common.cuh"
@@ -27,6 +29,9 @@
 #endif
 #ifndef W8A8W_STAGES
 #define W8A8W_STAGES 4
+#endif
+#ifndef W8A8W_TMA
+#define W8A8W_TMA 0
 #endif
 
 
@@ -73,6 +78,11 @@ constexpr int kColBytes = BN * 16;               // one block's float4 column pa
 constexpr int kStageBytes = 2 * kTileBytes + kSlots * kColBytes;
 static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle-atom alignment");
 constexpr int kSmemBytes = STAGES * kStageBytes + 1024 + 16 * STAGES;
+
+// A CUtensorMap: 128 opaque bytes made by cuTensorMapEncodeTiled, passed by value.
+struct alignas(64) TensorMap {
+  uint64_t opaque[16];
+};
 
 
 #if W8A8W_HAS_WGMMA
@@ -209,6 +219,48 @@ __device__ __forceinline__ void producer(const Params& p, const Ring& ring, int 
   fence_proxy_async();
   for (int t = T > kLag ? T - kLag : 0; t < T; ++t) mbar_arrive(ring.full(t % STAGES));
 }
+
+#if W8A8W_TMA
+// Arrive once and expect `bytes` more to land (counted down by the copies' complete_tx).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Box (c0 = K byte, c1 = row) of a 2-D tensor map into shared memory, in the map's swizzle;
+// out-of-bounds bytes are written as zeros and count towards the barrier's bytes.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const TensorMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+// Contiguous global -> shared copy (16-byte aligned, a multiple of 16 bytes) counted on the barrier.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// TMA producer: one thread issues every copy of K tile t (A and B boxes, plus the column
+// parameters of the blocks starting in it) on stage t % STAGES once the consumers freed it. The
+// copy engine writes the 128-byte swizzle and zero-fills the ragged M/N/K edges.
+__device__ __forceinline__ void producer_tma(const Params& p, const Ring& ring, int m0, int n0, int T,
+                                             const TensorMap* map_a, const TensorMap* map_b) {
+  if (threadIdx.x != 32 * kConsumerWarps) return;
+  const uint32_t col_bytes = static_cast<uint32_t>(min(BN, p.N - n0)) * 16u;
+  for (int t = 0; t < T; ++t) {
+    const int st = t % STAGES;
+    if (t >= STAGES) mbar_wait(ring.empty(st), ((t / STAGES) + 1) & 1);
+    const int g0 = t / kTilesPerBlock * kSlots;  // first block whose column parameters this tile brings
+    const bool cols = t % kTilesPerBlock == 0;
+    const int slots = cols ? min(kSlots, p.G - g0) : 0;
+    mbar_arrive_expect_tx(ring.full(st), 2u * kTileBytes + slots * col_bytes);
+    tma_load_2d(ring.a(st), map_a, t * BK, m0, ring.full(st));
+    tma_load_2d(ring.b(st), map_b, t * BK, n0, ring.full(st));
+    for (int slot = 0; slot < slots; ++slot)
+      bulk_load(ring.cols(st, slot), p.bvec + static_cast<long long>(g0 + slot) * p.N + n0, col_bytes, ring.full(st));
+  }
+}
+#endif
 
 // Issue block j's wgmmas (its bs/32 k-steps) into acc; one commit group per block.
 __device__ __forceinline__ void issue_block(uint32_t (&acc)[64], const Ring& ring, int wg, int j) {
@@ -367,7 +419,12 @@ extern "C" __global__ void __launch_bounds__(cuops::w8a8w::kThreads, 1)
     w8a8_kblock_wgmma(const int8_t* __restrict__ A, const float* __restrict__ sA, const float* __restrict__ oA,
                       const int32_t* __restrict__ sumA, const int8_t* __restrict__ B,
                       const float4* __restrict__ bvec, const float* __restrict__ bias, void* __restrict__ D, int M,
-                      int N, int K, int G, int act, int out_kind) {
+                      int N, int K, int G, int act, int out_kind
+#if W8A8W_TMA
+                      , const __grid_constant__ cuops::w8a8w::TensorMap map_a,
+                      const __grid_constant__ cuops::w8a8w::TensorMap map_b
+#endif
+                      ) {
 #if W8A8W_HAS_WGMMA
   using namespace cuops::w8a8w;
   extern __shared__ __align__(1024) uint8_t w8a8w_smem[];
@@ -386,7 +443,7 @@ extern "C" __global__ void __launch_bounds__(cuops::w8a8w::kThreads, 1)
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(ring.full(s), 128);             // every producer thread arrives
+      mbar_init(ring.full(s), W8A8W_TMA ? 1 : 128);  // the TMA thread / every cp.async thread arrives
       mbar_init(ring.empty(s), kConsumerWarps);  // one arrive per consumer warp
     }
   }
@@ -394,7 +451,11 @@ extern "C" __global__ void __launch_bounds__(cuops::w8a8w::kThreads, 1)
   const int T = UP_DIV(K, BK);
   if (threadIdx.x >= 32 * kConsumerWarps) {
     setmaxnreg_dec<kProducerRegs>();
+#if W8A8W_TMA
+    producer_tma(p, ring, m0, n0, T, &map_a, &map_b);
+#else
     producer(p, ring, m0, n0, T);
+#endif
   } else {
     setmaxnreg_inc<kConsumerRegs>();
     consumer(p, ring, m0, n0);

@@ -32,7 +32,8 @@ __all__ = [
 
 KERNEL_FILE = "w8a8_kblock_fused.cu"
 KERNEL_NAME = "w8a8_kblock_gemm"
-# The Hopper variant (wgmma + warp-specialized cp.async ring): same arguments, sm_90a only.
+# The Hopper variant (wgmma + warp-specialized ring filled by cp.async or TMA): same arguments (TMA
+# variants: plus the tensor maps of A and B), sm_90a only.
 WGMMA_KERNEL_FILE = "w8a8_kblock_wgmma.cu"
 WGMMA_KERNEL_NAME = "w8a8_kblock_wgmma"
 # A_q, sA, oA, sumA, B_q, bvec, bias, D, M, N, K, G, act, out_kind
@@ -61,10 +62,15 @@ class TileConfig:
     min_blocks: int
     offset_lag: int = 1  # offset terms one k-step after the int32 -> fp32 step (spreads FP work)
     wgmma: bool = False  # the sm_90a kernel
+    tma: bool = False  # wgmma: tiles loaded by TMA (two tensor maps appended to the arguments)
 
     @property
     def threads(self) -> int:
         return 32 * self.warps_m * self.warps_n + (128 if self.wgmma else 0)
+
+    @property
+    def signature(self) -> str:
+        return SIGNATURE + ("TT" if self.tma else "")
 
     @property
     def kernel_file(self) -> str:
@@ -85,7 +91,7 @@ class TileConfig:
 
     def defines(self, block_size: int) -> dict[str, int]:
         if self.wgmma:
-            return {"W8A8_BLOCK_SIZE": block_size, "W8A8W_STAGES": self.stages}
+            return {"W8A8_BLOCK_SIZE": block_size, "W8A8W_STAGES": self.stages, "W8A8W_TMA": int(self.tma)}
         return {
             "W8A8_BLOCK_SIZE": block_size, "W8A8_BM": self.BM, "W8A8_BN": self.BN, "W8A8_BK": self.BK,
             "W8A8_WARPS_M": self.warps_m, "W8A8_WARPS_N": self.warps_n, "W8A8_STAGES": self.stages,
@@ -102,6 +108,8 @@ TILE_CONFIGS: dict[str, TileConfig] = {c.name: c for c in (
     TileConfig("T32", BM=16, BN=32, BK=128, warps_m=1, warps_n=2, stages=6, min_blocks=4),
     TileConfig("W", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True),
     TileConfig("W5", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=5, min_blocks=1, wgmma=True),
+    TileConfig("WT", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True, tma=True),
+    TileConfig("WT5", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=5, min_blocks=1, wgmma=True, tma=True),
 )}
 WGMMA_CC = 90  # compute capability the wgmma variants run on (sm_90a)
 
@@ -113,11 +121,13 @@ def choose_config(M: int, N: int, cc: int = 80) -> str:
     H200, N = K = 8192, block 128 (kernel us): M=16: T 24.1, T32 25.7, S 30.1, M 68.3;
     M=256: M 113.4, L128 115.0, L 123.0; M=4096: M 1767, L128 1804, L 1929.
     H100 (sm_90a), same shapes: M=128: M 75.0, W 95.2; M=256: W 93-99, W5 93-96, M 114.0;
-    M=4096: W 1352-1434, W5 1375-1452, M 1726-1751 (scripts/results/2026-11-22-nvidia-h100-bench_w8a8_fused.md).
+    M=4096: W 1352-1434, W5 1375-1452, M 1726-1751 (scripts/results/2026-11-22-nvidia-h100-bench_w8a8_fused.md);
+    TMA producer: M=128: WT 90.1 (M 75.0); M=256: WT 92.2, W 92.4; M=4096: WT 1300.5, W 1372.7, WT5 1342.2
+    (scripts/results/2026-11-22-nvidia-h100-bench_w8a8_fused-s4-tma.md).
     """
     del N  # every variant keeps >= 1 CTA per SM at N = 8192; N-dependent choices need more data
     if cc == WGMMA_CC and M > 128:
-        return "W"
+        return "WT"
     if M <= 16:
         return "T"
     if M <= 32:
@@ -136,7 +146,7 @@ def _kernel_for(config_name: str, block_size: int, device_index: int):
         raise ValueError(f"config {config_name!r} is the wgmma kernel, which needs compute capability 9.0; "
                          f"device {device_index} is sm_{arch}")
     with torch.cuda.device(device_index):
-        kernel = load_kernel(cfg.kernel_file, cfg.kernel_name, SIGNATURE, cfg.defines(block_size), arch=arch)
+        kernel = load_kernel(cfg.kernel_file, cfg.kernel_name, cfg.signature, cfg.defines(block_size), arch=arch)
     smem = cfg.smem_bytes(block_size)
     if smem > _MAX_SMEM:
         raise ValueError(f"config {config_name!r} needs {smem} bytes of shared memory at block_size={block_size}; "
@@ -309,6 +319,11 @@ def linear_w8a8_fused(x2d: torch.Tensor | None, qw, bias: torch.Tensor | None = 
     kernel, smem = _kernel_for(cfg.name, bs, index)
     grid = (-(-M // cfg.BM) * -(-N // cfg.BN),)
     args = (A_q, sA, oA, sumA, prep["B_q"], prep["bvec"], bias, out, M, N, K, G, act, OUT_KIND[out_dtype])
+    if cfg.tma:
+        from cutlass_ops.ops.tma import tensor_map_2d
+
+        args += (tensor_map_2d(A_q.data_ptr(), M, K, cfg.BM, cfg.BK, index),
+                 tensor_map_2d(prep["B_q"].data_ptr(), N, K, cfg.BN, cfg.BK, index))
     if index == current:
         kernel.launch(grid, (cfg.threads,), args, smem=smem)
     else:

@@ -1,0 +1,56 @@
+"""TMA tensor maps (CUtensorMap) for kernels that take them by value (``__grid_constant__``).
+
+``tensor_map_2d`` describes a row-major int8 matrix [rows, cols] to the Hopper copy engine: boxes of
+``box_rows`` x ``box_cols`` bytes written to shared memory in the 128-byte swizzle that wgmma
+descriptors read, out-of-bounds elements filled with zeros. The map is 128 opaque bytes, made by the
+driver (``cuTensorMapEncodeTiled``) and cached per (device, address, shape, box): an activation
+whose buffer the caching allocator hands out again costs a dictionary lookup.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import OrderedDict
+
+from cuda.bindings import driver
+
+from custom_kernels.launcher import check
+
+__all__ = ["tensor_map_2d"]
+
+_KEPT = 256  # maps kept (least recently used dropped first)
+_maps: OrderedDict[tuple, bytes] = OrderedDict()
+_lock = threading.Lock()
+
+
+def tensor_map_2d(address: int, rows: int, cols: int, box_rows: int, box_cols: int, device: int) -> bytes:
+    """The 128-byte CUtensorMap of an int8 [rows, cols] row-major matrix at ``address`` (16-byte
+    aligned, ``cols`` a multiple of 16) read in [box_rows, box_cols] boxes, 128-byte swizzled."""
+    key = (device, address, rows, cols, box_rows, box_cols)
+    with _lock:
+        found = _maps.get(key)
+        if found is not None:
+            _maps.move_to_end(key)
+            return found
+    if address % 16 or cols % 16:
+        raise ValueError(f"a TMA matrix needs a 16-byte aligned start and rows of a multiple of 16 bytes, "
+                         f"got address % 16 = {address % 16}, cols = {cols}")
+    if box_cols != 128:
+        raise ValueError(f"the 128-byte swizzle needs 128-byte box rows, got box_cols={box_cols}")
+    tensor_map = check(driver.cuTensorMapEncodeTiled(
+        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, address,
+        [driver.cuuint64_t(cols), driver.cuuint64_t(rows)],  # dimensions, innermost first
+        [driver.cuuint64_t(cols)],                           # byte stride of each dimension but the innermost
+        [driver.cuuint32_t(box_cols), driver.cuuint32_t(box_rows)],  # box, innermost first
+        [driver.cuuint32_t(1), driver.cuuint32_t(1)],
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # zeros
+    ), f"cuTensorMapEncodeTiled(rows={rows}, cols={cols}, box={box_rows}x{box_cols})")
+    data = ctypes.string_at(tensor_map.getPtr(), 128)
+    with _lock:
+        _maps[key] = data
+        if len(_maps) > _KEPT:
+            _maps.popitem(last=False)
+    return data
