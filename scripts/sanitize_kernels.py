@@ -8,7 +8,7 @@ variant: ``strategy=``, ``config=``, ``split_k=``, ``weight_only.SMALL_M_GEMV``,
 line of the case that caused it. It prints ``OK <case>`` (or ``FAIL`` / ``SKIP``) per case and a
 summary, and exits 1 if a case raised. No CUTLASS kernel is built or launched (``int8_gemm``, and the
 W8A8 "orchestrator" and "literal" paths, which run CUTLASS GEMMs, are left out); the fused scheme-2
-kernel is NVRTC and is in. All 80 ``extern "C" __global__`` kernels of custom_kernels/kernels/*.cu
+kernel is NVRTC and is in. All 82 ``extern "C" __global__`` kernels of custom_kernels/kernels/*.cu
 are reached (``--check-coverage``).
 
 On the GPU machine, compile first (NVRTC; gemv_weight_only.cu takes about a minute per module, so
@@ -23,7 +23,7 @@ names, and several --kernel-name filters add up):
         --kernel-name kns=conv_ --kernel-name kns=splitk_reduce --kernel-name kns=dequant_ \
         --kernel-name kns=quantize_q8_1 --kernel-name kns=test_int --kernel-name kns=test_uint \
         --kernel-name kns=quant_a_ --kernel-name kns=precompute_sum_bq --kernel-name kns=bias_act_ \
-        --kernel-name kns=w8a8_kblock_gemm --kernel-name kns=w8a8_kblock_wgmma \
+        --kernel-name kns=w8a8_kblock_gemm --kernel-name kns=w8a8_kblock_wgmma --kernel-name kns=w8a8_row_planes \
         python3 scripts/sanitize_kernels.py
 
 The script prints that command for the cases it selected (``--sanitizer-cmd`` prints only it; with
@@ -96,7 +96,7 @@ ALIASES = {"gemv": "gemv_weight_only", "gemm": "gemm_weight_only", "dequant": "d
 # as we know, no torch / cuBLAS kernel; --check-coverage checks the first half of that claim.
 SANITIZER_PREFIXES = ("gemv_", "gemm_mma_mt", "gemm_simt", "conv_", "splitk_reduce", "dequant_", "quantize_q8_1",
                       "test_int", "test_uint", "quant_a_", "precompute_sum_bq", "bias_act_", "w8a8_kblock_gemm",
-                      "w8a8_kblock_wgmma")
+                      "w8a8_kblock_wgmma", "w8a8_row_planes")
 
 # Kernels no case can reach, with the reason (checked by --check-coverage). Empty: all are reached.
 UNREACHABLE: dict[str, str] = {}
@@ -645,12 +645,13 @@ def _build_w8a8_cases() -> None:
         _add(f"w8a8_fused/{config}-g{bs}-{_DT_NAME[dtype]}-M129-N200-K{K_FOR_BLOCK[bs]}", "w8a8_kblock_fused",
              [_ref(F, "w8a8_kblock_gemm", wf.TILE_CONFIGS[config].defines(bs))], run)
     # The Hopper wgmma kernel: every block size (1, 2, 4 blocks per K tile and 2 tiles per block),
-    # the ragged second M tile holds one row; the 5-stage variant once; the TMA producer at the
-    # extremes (four blocks' column parameters per K tile, two K tiles per block).
+    # the ragged second M tile holds one row; the TMA producers (M and N split) at the extremes
+    # (four blocks' parameters per K tile, two K tiles per block).
     for config, bs, dtype, bias in (("W", 32, torch.float16, True), ("W", 64, torch.bfloat16, False),
                                     ("W", 128, torch.float32, True), ("W", 256, torch.float16, False),
-                                    ("W5", 128, torch.bfloat16, True), ("WT", 32, torch.bfloat16, True),
-                                    ("WT", 256, torch.float32, False), ("WT5", 128, torch.float16, True)):
+                                    ("WT", 32, torch.bfloat16, True), ("WT", 256, torch.float32, False),
+                                    ("WN", 32, torch.float16, True), ("WN", 64, torch.bfloat16, False),
+                                    ("WN", 128, torch.float32, True), ("WN", 256, torch.bfloat16, True)):
         cfg = wf.TILE_CONFIGS[config]
         def run_wgmma(config=config, bs=bs, dtype=dtype, bias=bias):
             M, N, K = 129, 200, K_FOR_BLOCK[bs]
@@ -658,9 +659,12 @@ def _build_w8a8_cases() -> None:
             x = _activations(M, K, dtype, seed=12, scale=2.0)
             qa = wf.quantize_activation_torch(x, bs)
             return wf.linear_w8a8_fused(x, qw, _vector(N, dtype) if bias else None, 2, quantized_A=qa, config=config)
+        refs = [_ref(cfg.kernel_file, cfg.kernel_name, cfg.defines(bs))]
+        if cfg.nsplit:
+            refs.append(_ref(cfg.kernel_file, wf.ROW_PLANES_KERNEL, cfg.defines(bs)))
         _add(f"w8a8_fused/{config}-g{bs}-{_DT_NAME[dtype]}-M129-N200-K{K_FOR_BLOCK[bs]}", "w8a8_kblock_wgmma",
-             [_ref(cfg.kernel_file, cfg.kernel_name, cfg.defines(bs))], run_wgmma, min_cc=wf.WGMMA_CC)
-    done = {p[0] for p in plan} | {"W", "W5", "WT", "WT5"}
+             refs, run_wgmma, min_cc=wf.WGMMA_CC)
+    done = {p[0] for p in plan} | {"W", "WT", "WN"}
     for c in sorted(set(wf.TILE_CONFIGS) - done):  # variants added later
         def run_extra(c=c):
             qw = _w8a8_weight(200, 4160, 64)

@@ -92,9 +92,11 @@ def test_smem_formula_matches_the_kernel_header():
     assert TILE_CONFIGS["L"].smem_bytes(128) == 86016
     # block 32 with BK=128 holds 4 parameter slots per stage
     assert TILE_CONFIGS["S"].smem_bytes(32) == 4 * (32 * 128 + 64 * 128 + 16 * 96 * 4) + 16 * 96
-    # wgmma: 5 * (2*128*128 + 128*16) + 1024 alignment + 5 barrier pairs
-    assert TILE_CONFIGS["W5"].smem_bytes(128) == 5 * (2 * 128 * 128 + 128 * 16) + 1024 + 16 * 5
-    assert TILE_CONFIGS["W5"].smem_bytes(32) == 5 * (2 * 128 * 128 + 4 * 128 * 16) + 1024 + 16 * 5
+    # wgmma: 4 * (2*128*128 + 128*16) + 1024 alignment + 4 barrier pairs
+    assert TILE_CONFIGS["W"].smem_bytes(128) == 4 * (2 * 128 * 128 + 128 * 16) + 1024 + 16 * 4
+    assert TILE_CONFIGS["W"].smem_bytes(32) == 4 * (2 * 128 * 128 + 4 * 128 * 16) + 1024 + 16 * 4
+    # N split: 4096 bytes of column and row planes per block
+    assert TILE_CONFIGS["WN"].smem_bytes(32) == 4 * (2 * 128 * 128 + 4 * 4096) + 1024 + 16 * 4
     for cfg in TILE_CONFIGS.values():
         for bs in BLOCK_SIZES:
             assert cfg.smem_bytes(bs) <= 227 * 1024, (cfg.name, bs)  # Hopper's per-block limit

@@ -9,18 +9,25 @@
 // K % block_size == 0 and K % 16 == 0 (checked in Python); M, N arbitrary.
 //
 // Structure (sm_90a only): a 128 x 128 output tile per CTA. Warps 0-7 are two consumer
-// warpgroups (64 rows each), warps 8-11 the producer warpgroup. The producer fills a STAGES-deep ring of
-// 128-wide K tiles of A and B (cp.async, 16 B each, written in the 128-byte swizzle that wgmma
-// descriptors read) plus each block's column parameters, and signals "full" on an mbarrier; the
-// consumers signal "empty" when a stage is consumed. Each consumer issues block j+1's wgmmas into
+// warpgroups (64 rows each, or with the N split 64 columns each), warps 8-11 the producer
+// warpgroup. The producer fills a STAGES-deep ring of 128-wide K tiles of A and B (cp.async, 16 B
+// per thread, or TMA from one thread, written in the 128-byte swizzle that wgmma descriptors read)
+// plus each block's parameters, and signals "full" on an mbarrier; the consumers signal "empty"
+// when a stage is consumed. What bounds it on an H100 is the load/store unit feeding the promotion
+// its parameters (ncu), which the N split halves per thread; the default build is TMA + N split. Each consumer issues block j+1's wgmmas into
 // one int32 accumulator set and, while the tensor cores run them, promotes block j's set into
 // the fp32 accumulators (ping-pong): the FP32 pipe's promotion overlaps the tensor pipe.
 // No atomics, no int32 matrix in memory.
 //
 // Compile-time configuration: W8A8_BLOCK_SIZE (32/64/128/256), W8A8W_STAGES (>= 4; default 4),
 // W8A8W_TMA (1: one producer thread loads the tiles with TMA from two tensor maps, the kernel's
-// last two parameters; 0: the producer warpgroup copies them with cp.async).
-// Dynamic shared memory: STAGES * (2*128*128 + max(1, 128/block_size)*128*16) + 1024 (alignment)
+// last two parameters; 0: the producer warpgroup copies them with cp.async), W8A8W_NSPLIT (1, with
+// TMA: each consumer warpgroup takes 64 columns of all 128 rows, two m64n64 wgmmas, and bvec holds
+// the column parameters as three planes [G][3][N rounded up to 4] = sB, oB, q; 0: 64 rows of all
+// 128 columns, one m64n128 wgmma, bvec float4 [G][N]). With the N split, sA holds the row
+// parameters as planes [G][3][M rounded up to 4] = sA, oA, float(sumA) (oA and sumA unused).
+// Dynamic shared memory: STAGES * (2*128*128 + max(1, 128/block_size)*kColBytes) + 1024 (alignment)
+// (kColBytes: 2048, N split 4096)
 // + 16 * STAGES (barriers); cutlass_ops/ops/w8a8_fused.py computes the same number.
 #include "w8a8_kblock_common.cuh"
 
@@ -32,6 +39,9 @@
 #endif
 #ifndef W8A8W_TMA
 #define W8A8W_TMA 0
+#endif
+#ifndef W8A8W_NSPLIT
+#define W8A8W_NSPLIT 0
 #endif
 
 
@@ -74,10 +84,20 @@ constexpr int kStepsPerBlock = BS / 32;          // wgmma k32 steps per K block
 constexpr int kSlots = BK / BS > 0 ? BK / BS : 1;  // blocks whose column parameters a stage holds
 constexpr int kTilesPerBlock = BS > BK ? BS / BK : 1;
 constexpr int kTileBytes = BM * BK;              // A tile; the B tile has the same size
-constexpr int kColBytes = BN * 16;               // one block's float4 column parameters
+// One block's parameters: M split: float4 per column; N split: three column planes (sB, oB, q) at
+// 0, 512, 1024 and three row planes (sA, oA, sumA) of the tile's 128 rows at 2048, 2560, 3072.
+constexpr int kColBytes = W8A8W_NSPLIT ? 4096 : BN * 16;
+constexpr int kRowPlanes = 2048;  // N split: offset of the row planes in a block's parameters
 constexpr int kStageBytes = 2 * kTileBytes + kSlots * kColBytes;
 static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle-atom alignment");
 constexpr int kSmemBytes = STAGES * kStageBytes + 1024 + 16 * STAGES;
+// Per consumer warpgroup: kMB m64 slabs of kWN columns. Each thread holds 2 * kMB rows x kWN / 4
+// columns of the tile: the N split halves the columns, so each thread reads half the column
+// parameters from shared memory per block (their reads, not the tensor cores, bounded the M split).
+static_assert(!W8A8W_NSPLIT || W8A8W_TMA, "the N split's planar column parameters are loaded by TMA");
+constexpr int kMB = W8A8W_NSPLIT ? 2 : 1;
+constexpr int kWN = W8A8W_NSPLIT ? 64 : 128;
+constexpr int kPlaneBytes = BN * 4;  // one plane of 128 floats (N split)
 
 // A CUtensorMap: 128 opaque bytes made by cuTensorMapEncodeTiled, passed by value.
 struct alignas(64) TensorMap {
@@ -156,6 +176,21 @@ __device__ __forceinline__ void wgmma_m64n128k32(uint32_t (&d)[64], uint64_t des
         "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
         "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
         "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// D(64x64, s32) (+)= A(64x32, s8, smem) * B(64x32, s8, smem)^T; scale_d = 0 starts from zero.
+__device__ __forceinline__ void wgmma_m64n64k32(uint32_t* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -246,7 +281,17 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 __device__ __forceinline__ void producer_tma(const Params& p, const Ring& ring, int m0, int n0, int T,
                                              const TensorMap* map_a, const TensorMap* map_b) {
   if (threadIdx.x != 32 * kConsumerWarps) return;
+#if W8A8W_NSPLIT
+  // three column and three row planes per block, each the tile's columns (rows) rounded up to 4
+  // floats (16-byte copies)
+  const uint32_t plane_bytes = static_cast<uint32_t>((min(BN, p.N - n0) + 3) & ~3) * 4u;
+  const uint32_t row_bytes = static_cast<uint32_t>((min(BM, p.M - m0) + 3) & ~3) * 4u;
+  const uint32_t col_bytes = 3u * (plane_bytes + row_bytes);
+  const long long Np = (p.N + 3) & ~3, Mp = (p.M + 3) & ~3;
+  const float* planes = reinterpret_cast<const float*>(p.bvec);
+#else
   const uint32_t col_bytes = static_cast<uint32_t>(min(BN, p.N - n0)) * 16u;
+#endif
   for (int t = 0; t < T; ++t) {
     const int st = t % STAGES;
     if (t >= STAGES) mbar_wait(ring.empty(st), ((t / STAGES) + 1) & 1);
@@ -256,8 +301,18 @@ __device__ __forceinline__ void producer_tma(const Params& p, const Ring& ring, 
     mbar_arrive_expect_tx(ring.full(st), 2u * kTileBytes + slots * col_bytes);
     tma_load_2d(ring.a(st), map_a, t * BK, m0, ring.full(st));
     tma_load_2d(ring.b(st), map_b, t * BK, n0, ring.full(st));
-    for (int slot = 0; slot < slots; ++slot)
+    for (int slot = 0; slot < slots; ++slot) {
+#if W8A8W_NSPLIT
+      for (int pl = 0; pl < 3; ++pl) {
+        bulk_load(ring.cols(st, slot) + pl * kPlaneBytes, planes + (3LL * (g0 + slot) + pl) * Np + n0, plane_bytes,
+                  ring.full(st));
+        bulk_load(ring.cols(st, slot) + kRowPlanes + pl * kPlaneBytes, p.sA + (3LL * (g0 + slot) + pl) * Mp + m0,
+                  row_bytes, ring.full(st));
+      }
+#else
       bulk_load(ring.cols(st, slot), p.bvec + static_cast<long long>(g0 + slot) * p.N + n0, col_bytes, ring.full(st));
+#endif
+    }
   }
 }
 #endif
@@ -272,22 +327,29 @@ __device__ __forceinline__ void issue_block(uint32_t (&acc)[64], const Ring& rin
     const int s = j * kStepsPerBlock + kk;
     const int t = s >> 2, sub = s & 3, st = t % STAGES;
     if (kk == 0 || sub == 0) mbar_wait(ring.full(st), (t / STAGES) & 1);
+#if W8A8W_NSPLIT
+    const uint64_t db = sw128_desc(ring.b(st) + wg * 64 * BK + sub * 32);  // this warpgroup's 64 columns
+#pragma unroll
+    for (int mb = 0; mb < kMB; ++mb)
+      wgmma_m64n64k32(acc + 32 * mb, sw128_desc(ring.a(st) + mb * 64 * BK + sub * 32), db, kk);
+#else
     const uint64_t da = sw128_desc(ring.a(st) + wg * 64 * BK + sub * 32);
     const uint64_t db = sw128_desc(ring.b(st) + sub * 32);
     wgmma_m64n128k32(acc, da, db, kk);
+#endif
   }
   wgmma_commit();
 }
 
 struct RowParams {
-  float sA[2], oA[2], sumA[2];
+  float sA[2 * kMB], oA[2 * kMB], sumA[2 * kMB];  // rows r0 + 64 * mb + 8 * h at index 2 * mb + h
 };
 
 __device__ __forceinline__ RowParams load_rows(const Params& p, int r0, int j) {
   RowParams r;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int m = r0 + 8 * h;
+  for (int h = 0; h < 2 * kMB; ++h) {
+    const int m = r0 + 64 * (h >> 1) + 8 * (h & 1);
     const bool ok = m < p.M;
     const long long idx = static_cast<long long>(ok ? m : 0) * p.G + j;
     r.sA[h] = ok ? __ldg(p.sA + idx) : 0.0f;
@@ -298,28 +360,56 @@ __device__ __forceinline__ RowParams load_rows(const Params& p, int r0, int j) {
 }
 
 // acc_f += sA*(sB*Cq + sumA*oB) + oA*q for block j, whose int32 sums acc holds (wgmma done).
-__device__ __forceinline__ void promote(const uint32_t (&acc)[64], float (&acc_f)[64], const RowParams& r,
-                                        const Ring& ring, int j, int lane) {
+__device__ __forceinline__ void promote(const uint32_t (&acc)[64], float (&acc_f)[64], const RowParams& rows,
+                                        const Ring& ring, int j, int wg, int lane) {
   const int t = (j * BS) / BK;
   const uint32_t cols = ring.cols(t % STAGES, BS <= BK ? j % kSlots : 0);
+#if W8A8W_NSPLIT
+  // this thread's rows 16 warp + lane / 4 + 64 mb + 8 h of the tile, from the staged row planes
+  RowParams r;
+  const int warp = (threadIdx.x >> 5) & 3;
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
+  for (int h = 0; h < 2 * kMB; ++h) {
+    const uint32_t at = cols + kRowPlanes + 4 * (16 * warp + (lane >> 2) + 64 * (h >> 1) + 8 * (h & 1));
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r.sA[h]) : "r"(at));
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r.oA[h]) : "r"(at + kPlaneBytes));
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r.sumA[h]) : "r"(at + 2 * kPlaneBytes));
+  }
+  (void)rows;
+#else
+  const RowParams& r = rows;
+#endif
+#pragma unroll
+  for (int i = 0; i < kWN / 8; ++i) {
+#if W8A8W_NSPLIT
+    const int c = 64 * wg + 8 * i + 2 * (lane & 3);  // columns c, c + 1 of the three planes
+    float2 sB, oB, q;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(sB.x), "=f"(sB.y) : "r"(cols + c * 4));
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(oB.x), "=f"(oB.y) : "r"(cols + kPlaneBytes + c * 4));
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(q.x), "=f"(q.y) : "r"(cols + 2 * kPlaneBytes + c * 4));
+    const float col_sB[2] = {sB.x, sB.y}, col_oB[2] = {oB.x, oB.y}, col_q[2] = {q.x, q.y};
+#else
     const int c = 8 * i + 2 * (lane & 3);
     float4 b0, b1;
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                  : "=f"(b0.x), "=f"(b0.y), "=f"(b0.z), "=f"(b0.w) : "r"(cols + c * 16));
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
                  : "=f"(b1.x), "=f"(b1.y), "=f"(b1.z), "=f"(b1.w) : "r"(cols + c * 16 + 16));
+    const float col_sB[2] = {b0.x, b1.x}, col_oB[2] = {b0.y, b1.y}, col_q[2] = {b0.z, b1.z};
+#endif
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int h = e >> 1;  // fragment: e = 0,1 row r0 (cols c, c+1); e = 2,3 row r0 + 8
-      const float4& b = (e & 1) ? b1 : b0;
-      // exact (|Cq| <= 2^22 < 2^24); sm_90 converts with I2FP on the ALU pipe, one instruction
-      const float cq = static_cast<float>(static_cast<int>(acc[4 * i + e]));
-      float v = cq * b.x;
-      v = fmaf(r.sumA[h], b.y, v);
-      acc_f[4 * i + e] = fmaf(r.sA[h], v, acc_f[4 * i + e]);
-      acc_f[4 * i + e] = fmaf(r.oA[h], b.z, acc_f[4 * i + e]);
+    for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = 2 * mb + (e >> 1);  // fragment: e = 0,1 row r0 (cols c, c+1); e = 2,3 row r0 + 8
+        const int x = (kWN / 2) * mb + 4 * i + e;
+        // exact (|Cq| <= 2^22 < 2^24); sm_90 converts with I2FP on the ALU pipe, one instruction
+        const float cq = static_cast<float>(static_cast<int>(acc[x]));
+        float v = cq * col_sB[e & 1];
+        v = fmaf(r.sumA[h], col_oB[e & 1], v);
+        acc_f[x] = fmaf(r.sA[h], v, acc_f[x]);
+        acc_f[x] = fmaf(r.oA[h], col_q[e & 1], acc_f[x]);
+      }
     }
   }
 }
@@ -352,24 +442,31 @@ __device__ __forceinline__ void store_pair(const Params& p, int m, int n, float 
   }
 }
 
+// Rows r0 + 64 * mb + 8 * h, columns c0 + 8 * i + 2 * (lane & 3) + {0, 1} of this thread.
 template <typename T>
-__device__ __forceinline__ void epilogue(const Params& p, const float (&acc_f)[64], int r0, int n0, int lane) {
+__device__ __forceinline__ void epilogue(const Params& p, const float (&acc_f)[64], int r0, int c0, int lane) {
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int n = n0 + 8 * i + 2 * (lane & 3);
+  for (int i = 0; i < kWN / 8; ++i) {
+    const int n = c0 + 8 * i + 2 * (lane & 3);
     const float b0 = p.bias != nullptr && n < p.N ? p.bias[n] : 0.0f;
     const float b1 = p.bias != nullptr && n + 1 < p.N ? p.bias[n + 1] : 0.0f;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      store_pair<T>(p, r0 + 8 * h, n, apply_activation(acc_f[4 * i + 2 * h] + b0, p.act),
-                    apply_activation(acc_f[4 * i + 2 * h + 1] + b1, p.act));
+    for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int x = (kWN / 2) * mb + 4 * i + 2 * h;
+        store_pair<T>(p, r0 + 64 * mb + 8 * h, n, apply_activation(acc_f[x] + b0, p.act),
+                      apply_activation(acc_f[x + 1] + b1, p.act));
+      }
     }
   }
 }
 
 __device__ __forceinline__ void consumer(const Params& p, const Ring& ring, int m0, int n0) {
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int r0 = m0 + 64 * wg + 16 * warp + (lane >> 2);
+  // M split: warpgroup wg has rows 64 wg.. of every column; N split: columns 64 wg.. of every row
+  const int r0 = m0 + (W8A8W_NSPLIT ? 0 : 64 * wg) + 16 * warp + (lane >> 2);
+  const int c0 = n0 + (W8A8W_NSPLIT ? 64 * wg : 0);
   uint32_t acc0[64], acc1[64];
   float acc_f[64];
 #pragma unroll
@@ -384,30 +481,37 @@ __device__ __forceinline__ void consumer(const Params& p, const Ring& ring, int 
   issue_block(acc0, ring, wg, 0);
   wgmma_wait<0>();
   // Row parameters are loaded one block ahead of their promotion (their latency hides behind it).
+#if W8A8W_NSPLIT
+  const RowParams r_even{}, r_odd{};  // read from shared memory in promote()
+  for (int j = 0; j < G; j += 2) {
+#else
   RowParams r_even = load_rows(p, r0, 0);
   for (int j = 0; j < G; j += 2) {
     const RowParams r_odd = load_rows(p, r0, min(j + 1, G - 1));
+#endif
     if (j + 1 < G) issue_block(acc1, ring, wg, j + 1);
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_reg(acc0[i]);
-    promote(acc0, acc_f, r_even, ring, j, lane);
+    promote(acc0, acc_f, r_even, ring, j, wg, lane);
     release(ring, j, G, lane);
     wgmma_wait<0>();
     if (j + 1 >= G) break;
+#if !W8A8W_NSPLIT
     r_even = load_rows(p, r0, min(j + 2, G - 1));
+#endif
     if (j + 2 < G) issue_block(acc0, ring, wg, j + 2);
 #pragma unroll
     for (int i = 0; i < 64; ++i) fence_reg(acc1[i]);
-    promote(acc1, acc_f, r_odd, ring, j + 1, lane);
+    promote(acc1, acc_f, r_odd, ring, j + 1, wg, lane);
     release(ring, j + 1, G, lane);
     wgmma_wait<0>();
   }
   if (p.out_kind == 1)
-    epilogue<__half>(p, acc_f, r0, n0, lane);
+    epilogue<__half>(p, acc_f, r0, c0, lane);
   else if (p.out_kind == 2)
-    epilogue<__nv_bfloat16>(p, acc_f, r0, n0, lane);
+    epilogue<__nv_bfloat16>(p, acc_f, r0, c0, lane);
   else
-    epilogue<float>(p, acc_f, r0, n0, lane);
+    epilogue<float>(p, acc_f, r0, c0, lane);
 }
 
 #endif  // W8A8W_HAS_WGMMA
@@ -464,4 +568,20 @@ extern "C" __global__ void __launch_bounds__(cuops::w8a8w::kThreads, 1)
   // Only sm_90a has wgmma; Python launches this kernel on compute capability 9.0 only.
   __trap();
 #endif
+}
+
+// The N split's row parameters as planes [G][3][Mp] = sA, oA, float(sumA) (exact: |sumA| < 2^24),
+// Mp = M rounded up to 4 (16-byte copies per block), from QuantA's [M][G] outputs: one thread per
+// (g, m), consecutive threads on consecutive m, so the plane rows are written coalesced.
+extern "C" __global__ void w8a8_row_planes(const float* __restrict__ sA, const float* __restrict__ oA,
+                                           const int32_t* __restrict__ sumA, float* __restrict__ planes, int M,
+                                           int G, int Mp) {
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= static_cast<long long>(G) * M) return;
+  const int g = static_cast<int>(i / M), m = static_cast<int>(i % M);
+  const long long src = static_cast<long long>(m) * G + g;
+  float* dst = planes + 3LL * g * Mp + m;
+  dst[0] = sA[src];
+  dst[Mp] = oA[src];
+  dst[2LL * Mp] = static_cast<float>(sumA[src]);
 }

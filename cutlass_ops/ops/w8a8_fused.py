@@ -11,6 +11,7 @@ B_q and bvec[g, n] = (sB, oB, q = sB*sumB + bs*oB, 0) as float32 [G, N, 4].
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ KERNEL_NAME = "w8a8_kblock_gemm"
 # variants: plus the tensor maps of A and B), sm_90a only.
 WGMMA_KERNEL_FILE = "w8a8_kblock_wgmma.cu"
 WGMMA_KERNEL_NAME = "w8a8_kblock_wgmma"
+ROW_PLANES_KERNEL = "w8a8_row_planes"  # N-split variants: sA, oA, sumA [M, G] -> planes [G, 3, M rounded to 4]
 # A_q, sA, oA, sumA, B_q, bvec, bias, D, M, N, K, G, act, out_kind
 SIGNATURE = "PPPPPPPPiiiiii"
 BLOCK_SIZES = (32, 64, 128, 256)  # |Cq| <= 2^22 (the kernel's exact int->float trick) needs bs <= 256
@@ -63,6 +65,7 @@ class TileConfig:
     offset_lag: int = 1  # offset terms one k-step after the int32 -> fp32 step (spreads FP work)
     wgmma: bool = False  # the sm_90a kernel
     tma: bool = False  # wgmma: tiles loaded by TMA (two tensor maps appended to the arguments)
+    nsplit: bool = False  # wgmma + TMA: each consumer warpgroup takes 64 columns; planar column parameters
 
     @property
     def threads(self) -> int:
@@ -84,14 +87,15 @@ class TileConfig:
         """Dynamic shared memory of one CTA (the formula in the .cu file's header)."""
         slots = max(1, self.BK // block_size)
         if self.wgmma:
-            return self.stages * (self.BM * self.BK + self.BN * self.BK + 16 * self.BN * slots) + 1024 \
-                + 16 * self.stages
+            params = 4096 if self.nsplit else 16 * self.BN  # one block's parameters (see the .cu header)
+            return self.stages * (self.BM * self.BK + self.BN * self.BK + params * slots) + 1024 + 16 * self.stages
         return self.stages * (self.BM * self.BK + self.BN * self.BK + 16 * (self.BM + self.BN) * slots) \
             + 16 * (self.BM + self.BN)
 
     def defines(self, block_size: int) -> dict[str, int]:
         if self.wgmma:
-            return {"W8A8_BLOCK_SIZE": block_size, "W8A8W_STAGES": self.stages, "W8A8W_TMA": int(self.tma)}
+            return {"W8A8_BLOCK_SIZE": block_size, "W8A8W_STAGES": self.stages, "W8A8W_TMA": int(self.tma),
+                    "W8A8W_NSPLIT": int(self.nsplit)}
         return {
             "W8A8_BLOCK_SIZE": block_size, "W8A8_BM": self.BM, "W8A8_BN": self.BN, "W8A8_BK": self.BK,
             "W8A8_WARPS_M": self.warps_m, "W8A8_WARPS_N": self.warps_n, "W8A8_STAGES": self.stages,
@@ -107,9 +111,9 @@ TILE_CONFIGS: dict[str, TileConfig] = {c.name: c for c in (
     TileConfig("T", BM=16, BN=64, BK=128, warps_m=1, warps_n=4, stages=6, min_blocks=2),
     TileConfig("T32", BM=16, BN=32, BK=128, warps_m=1, warps_n=2, stages=6, min_blocks=4),
     TileConfig("W", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True),
-    TileConfig("W5", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=5, min_blocks=1, wgmma=True),
     TileConfig("WT", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True, tma=True),
-    TileConfig("WT5", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=5, min_blocks=1, wgmma=True, tma=True),
+    TileConfig("WN", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True, tma=True,
+               nsplit=True),
 )}
 WGMMA_CC = 90  # compute capability the wgmma variants run on (sm_90a)
 
@@ -123,11 +127,13 @@ def choose_config(M: int, N: int, cc: int = 80) -> str:
     H100 (sm_90a), same shapes: M=128: M 75.0, W 95.2; M=256: W 93-99, W5 93-96, M 114.0;
     M=4096: W 1352-1434, W5 1375-1452, M 1726-1751 (scripts/results/2026-11-22-nvidia-h100-bench_w8a8_fused.md);
     TMA producer: M=128: WT 90.1 (M 75.0); M=256: WT 92.2, W 92.4; M=4096: WT 1300.5, W 1372.7, WT5 1342.2
-    (scripts/results/2026-11-22-nvidia-h100-bench_w8a8_fused-s4-tma.md).
+    (scripts/results/2026-11-22-nvidia-h100-bench_w8a8_fused-s4-tma.md); N split with staged row parameters:
+    M=256: WN 87.9, WT 94.1; M=4096: WN 1109.0, WT 1285.1 (...-bench_w8a8_fused-s4-nsplit.md). Five-stage
+    rings (W5, WT5) were never faster than four and are gone.
     """
     del N  # every variant keeps >= 1 CTA per SM at N = 8192; N-dependent choices need more data
     if cc == WGMMA_CC and M > 128:
-        return "WT"
+        return "WN"
     if M <= 16:
         return "T"
     if M <= 32:
@@ -154,6 +160,17 @@ def _kernel_for(config_name: str, block_size: int, device_index: int):
     if smem > _DEFAULT_SMEM:
         kernel.set_max_dynamic_smem(smem)
     return kernel, smem
+
+
+@functools.lru_cache(maxsize=None)
+def _row_planes_kernel(config_name: str, block_size: int, device_index: int):
+    """The row-parameter transpose of the N-split variants (from the same module as the GEMM)."""
+    from cutlass_ops.ops._loader import load_kernel, target_arch
+
+    cfg = TILE_CONFIGS[config_name]
+    with torch.cuda.device(device_index):
+        return load_kernel(cfg.kernel_file, ROW_PLANES_KERNEL, "PPPPiii", cfg.defines(block_size),
+                           arch=target_arch(device_index))
 
 
 @functools.lru_cache(maxsize=1)
@@ -205,7 +222,8 @@ def prepare_weight_w8a8(qw, device=None) -> dict:
     """Per-weight data of the fused kernel, built once and cached on ``qw`` (an attribute).
 
     qw: a bits=8 ``QuantizedWeight`` (qweight int8 [N, K], scale/offset float32 [N, G]).
-    Returns {"B_q": int8 [N, K], "bvec": float32 [G, N, 4] = (sB, oB, sB*sumB + bs*oB, 0),
+    Returns {"B_q": int8 [N, K], "bvec": float32 [G, N, 4] = (sB, oB, sB*sumB + bs*oB, 0), "bplanes": the
+    same as float32 [G, 3, N rounded up to 4] (sB, oB, q planes; zero padding),
     "sumB": int32 [N, G], "N", "K", "G", "block_size", "device"} with tensors on ``device``
     (default: the weight's CUDA device, else the current CUDA device). The cache is rebuilt when
     the weight's tensors are replaced or modified in place.
@@ -232,7 +250,11 @@ def prepare_weight_w8a8(qw, device=None) -> dict:
     # q in float64, rounded once to float32 (the kernel multiplies it by oA)
     q = (sB.double() * sumB.double() + bs * oB.double()).float()
     bvec = torch.stack((sB, oB, q, torch.zeros_like(q)), dim=-1).transpose(0, 1).contiguous()  # [G, N, 4]
-    prep = {"B_q": B_q, "bvec": bvec, "sumB": sumB, "N": N, "K": K, "G": G, "block_size": bs, "device": device}
+    # the same three per block as planes [G, 3, N rounded up to 4] (16-byte copies of each plane)
+    planes = torch.zeros(G, 3, -(-N // 4) * 4, dtype=torch.float32, device=device)
+    planes[:, :, :N] = torch.stack((sB, oB, q), dim=0).permute(2, 0, 1)
+    prep = {"B_q": B_q, "bvec": bvec, "bplanes": planes, "sumB": sumB, "N": N, "K": K, "G": G, "block_size": bs,
+            "device": device}
     # object.__setattr__: also works on frozen dataclasses; the cache is an attribute of qw itself
     object.__setattr__(qw, _PREP_ATTR, (key, prep))
     return prep
@@ -318,7 +340,18 @@ def linear_w8a8_fused(x2d: torch.Tensor | None, qw, bias: torch.Tensor | None = 
     cfg = TILE_CONFIGS[config or choose_config(M, N, _capability(index))]
     kernel, smem = _kernel_for(cfg.name, bs, index)
     grid = (-(-M // cfg.BM) * -(-N // cfg.BN),)
-    args = (A_q, sA, oA, sumA, prep["B_q"], prep["bvec"], bias, out, M, N, K, G, act, OUT_KIND[out_dtype])
+    if cfg.nsplit:
+        # row parameters as planes [G, 3, M rounded up to 4], copied per K block into shared memory
+        # next to the column planes; one small kernel (w8a8_row_planes) transposes them
+        Mp = -(-M // 4) * 4
+        rows = torch.empty(G, 3, Mp, dtype=torch.float32, device=device)
+        planes_kernel = _row_planes_kernel(cfg.name, bs, index)
+        launch_on = contextlib.nullcontext() if index == current else torch.cuda.device(index)
+        with launch_on:
+            planes_kernel.launch((-(-G * M // 256),), (256,), (sA, oA, sumA, rows, M, G, Mp))
+        sA = oA = sumA = rows
+    args = (A_q, sA, oA, sumA, prep["B_q"], prep["bplanes" if cfg.nsplit else "bvec"], bias, out, M, N, K, G, act,
+            OUT_KIND[out_dtype])
     if cfg.tma:
         from cutlass_ops.ops.tma import tensor_map_2d
 
