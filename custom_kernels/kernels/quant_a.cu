@@ -35,12 +35,14 @@ __device__ __forceinline__ int warp_sum(int v) {
 
 // One thread block per (m, g): grid = M * G blocks, blockIdx.x = m * G + g. A row of x starts
 // at x + m * lda (lda in elements); A_q rows are ldq bytes apart; scale/offset/sum_q of (m, g)
-// sit at [m * ld_param + g]. The per-block call of the orchestrator passes G = 1 with x,
-// A_q and the parameter pointers already advanced to its block.
+// sit at [m * ld_param + g * g_stride] ([M, G] row-major: ld_param = G, g_stride = 1; the fused
+// Hopper kernel's planes [G][3][Mp]: ld_param = 1, g_stride = 3 Mp). The per-block call of the
+// orchestrator passes G = 1 with x, A_q and the parameter pointers already advanced to its block.
 template <typename T>
 __device__ __forceinline__ void quant_a(const T* __restrict__ x, long long lda, int8_t* __restrict__ A_q,
                                         long long ldq, float* __restrict__ scale, float* __restrict__ offset,
-                                        int32_t* __restrict__ sum_q, long long ld_param, int G, int block_size) {
+                                        int32_t* __restrict__ sum_q, long long ld_param, long long g_stride, int G,
+                                        int block_size) {
   __shared__ float s_min[kMaxWarps], s_max[kMaxWarps];
   __shared__ int s_sum[kMaxWarps];
   const int m = blockIdx.x / G, g = blockIdx.x - (blockIdx.x / G) * G;
@@ -88,7 +90,7 @@ __device__ __forceinline__ void quant_a(const T* __restrict__ x, long long lda, 
   __syncthreads();
   if (tid == 0) {
     for (int w = 1; w < nwarps; ++w) sum += s_sum[w];
-    const long long p = m * ld_param + g;
+    const long long p = m * ld_param + g * g_stride;
     scale[p] = sc;
     offset[p] = of;
     sum_q[p] = sum;
@@ -121,8 +123,8 @@ __device__ __forceinline__ void sum_bq(const int8_t* __restrict__ B_q, long long
 #define CUOPS_DEFINE_QUANT_A(NAME, T)                                                                  \
   extern "C" __global__ void __launch_bounds__(256)                                                    \
       NAME(const T* x, long long lda, int8_t* A_q, long long ldq, float* scale, float* offset, int32_t* sum_q, \
-           long long ld_param, int G, int block_size) {                                                \
-    cuops::quant::quant_a<T>(x, lda, A_q, ldq, scale, offset, sum_q, ld_param, G, block_size);          \
+           long long ld_param, long long g_stride, int G, int block_size) {                            \
+    cuops::quant::quant_a<T>(x, lda, A_q, ldq, scale, offset, sum_q, ld_param, g_stride, G, block_size); \
   }
 
 CUOPS_DEFINE_QUANT_A(quant_a_f32, float)

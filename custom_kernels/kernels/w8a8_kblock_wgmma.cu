@@ -25,7 +25,7 @@
 // TMA: each consumer warpgroup takes 64 columns of all 128 rows, two m64n64 wgmmas, and bvec holds
 // the column parameters as three planes [G][3][N rounded up to 4] = sB, oB, q; 0: 64 rows of all
 // 128 columns, one m64n128 wgmma, bvec float4 [G][N]). With the N split, sA holds the row
-// parameters as planes [G][3][M rounded up to 4] = sA, oA, float(sumA) (oA and sumA unused).
+// parameters as planes [G][3][M rounded up to 4] = sA, oA, sumA's int32 bits (oA and sumA unused).
 // Dynamic shared memory: STAGES * (2*128*128 + max(1, 128/block_size)*kColBytes) + 1024 (alignment)
 // (kColBytes: 2048, N split 4096)
 // + 16 * STAGES (barriers); cutlass_ops/ops/w8a8_fused.py computes the same number.
@@ -373,7 +373,9 @@ __device__ __forceinline__ void promote(const uint32_t (&acc)[64], float (&acc_f
     const uint32_t at = cols + kRowPlanes + 4 * (16 * warp + (lane >> 2) + 64 * (h >> 1) + 8 * (h & 1));
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r.sA[h]) : "r"(at));
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r.oA[h]) : "r"(at + kPlaneBytes));
-    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r.sumA[h]) : "r"(at + 2 * kPlaneBytes));
+    int sum;  // the third plane holds sumA's int32 bits
+    asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(sum) : "r"(at + 2 * kPlaneBytes));
+    r.sumA[h] = static_cast<float>(sum);  // exact: |sumA| <= 128 * 256 < 2^24
   }
   (void)rows;
 #else
@@ -570,9 +572,10 @@ extern "C" __global__ void __launch_bounds__(cuops::w8a8w::kThreads, 1)
 #endif
 }
 
-// The N split's row parameters as planes [G][3][Mp] = sA, oA, float(sumA) (exact: |sumA| < 2^24),
-// Mp = M rounded up to 4 (16-byte copies per block), from QuantA's [M][G] outputs: one thread per
-// (g, m), consecutive threads on consecutive m, so the plane rows are written coalesced.
+// The N split's row parameters as planes [G][3][Mp] = sA, oA, sumA's int32 bits, Mp = M rounded up
+// to 4 (16-byte copies per block), from pre-quantized [M][G] inputs (QuantA inside the call writes
+// the planes itself): one thread per (g, m), consecutive threads on consecutive m, so the plane
+// rows are written coalesced.
 extern "C" __global__ void w8a8_row_planes(const float* __restrict__ sA, const float* __restrict__ oA,
                                            const int32_t* __restrict__ sumA, float* __restrict__ planes, int M,
                                            int G, int Mp) {
@@ -583,5 +586,5 @@ extern "C" __global__ void w8a8_row_planes(const float* __restrict__ sA, const f
   float* dst = planes + 3LL * g * Mp + m;
   dst[0] = sA[src];
   dst[Mp] = oA[src];
-  dst[2LL * Mp] = static_cast<float>(sumA[src]);
+  reinterpret_cast<int32_t*>(dst)[2LL * Mp] = sumA[src];
 }

@@ -18,12 +18,13 @@ from cutlass_ops.ops._loader import load_kernel, on_device
 from custom_kernels.launcher import Kernel
 
 __all__ = [
-    "quantize_activation_gpu", "quantize_activation_block_gpu", "sum_bq_gpu", "dequant_and_acc_gpu",
+    "quantize_activation_gpu", "quantize_activation_planes_gpu", "quantize_activation_block_gpu", "sum_bq_gpu",
+    "dequant_and_acc_gpu",
     "bias_and_activation_gpu",
 ]
 
 _TAGS = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
-_QUANT_A_SIGNATURE = "PqPqPPPqii"
+_QUANT_A_SIGNATURE = "PqPqPPPqqii"  # x, lda, A_q, ldq, scale, offset, sum_q, ld_param, g_stride, G, bs
 _SUM_BQ_SIGNATURE = "PqPiii"
 _DEQUANT_ACC_SIGNATURE = "PqPqPPPqPPPqiii"
 _BIAS_ACT_SIGNATURE = "PqPqPiii"
@@ -88,8 +89,32 @@ def quantize_activation_gpu(x2d: torch.Tensor, block_size: int | None = None):
         k = _kernel("quant_a.cu", f"quant_a_{_TAGS[x2d.dtype]}", _QUANT_A_SIGNATURE, _device(x2d))
         with on_device(dev):
             k.launch((M * G, 1, 1), (_quant_a_threads(block_size), 1, 1),
-                     (x2d, x2d.stride(0), A_q, K, scale, offset, sum_q, G, G, block_size))
+                     (x2d, x2d.stride(0), A_q, K, scale, offset, sum_q, G, 1, G, block_size))
     return A_q, scale, offset, sum_q
+
+
+def quantize_activation_planes_gpu(x2d: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """QuantA of x2d [M, K] with the row parameters written as planes: (A_q int8 [M, K], planes
+    float32 [G, 3, Mp]) with planes[g, 0, m] = scale, [g, 1, m] = offset and [g, 2, m] the int32
+    sum_q's bits (Mp = M rounded up to 4; the fused Hopper kernel copies a block's 128 rows of each
+    plane into shared memory). Same values as ``quantize_activation_gpu``; one launch."""
+    check_dtype(x2d, "x2d", FLOAT_DTYPES)
+    check_cuda(x2d, "x2d")
+    _rows(x2d, "x2d")
+    M, K = x2d.shape
+    block_size = check_block_size(block_size, K)
+    G = K // block_size
+    Mp = -(-M // 4) * 4
+    dev = x2d.device
+    A_q = torch.empty((M, K), dtype=torch.int8, device=dev)
+    planes = torch.empty((G, 3, Mp), dtype=torch.float32, device=dev)
+    if M * G:
+        k = _kernel("quant_a.cu", f"quant_a_{_TAGS[x2d.dtype]}", _QUANT_A_SIGNATURE, _device(x2d))
+        base, plane = planes.data_ptr(), Mp * 4
+        with on_device(dev):
+            k.launch((M * G, 1, 1), (_quant_a_threads(block_size), 1, 1),
+                     (x2d, x2d.stride(0), A_q, K, base, base + plane, base + 2 * plane, 1, 3 * Mp, G, block_size))
+    return A_q, planes
 
 
 def quantize_activation_block_gpu(x2d: torch.Tensor, k_start: int, block_size: int, A_q: torch.Tensor,
@@ -124,7 +149,7 @@ def quantize_activation_block_gpu(x2d: torch.Tensor, k_start: int, block_size: i
     x_ptr = x2d.data_ptr() + k_start * x2d.element_size()
     with on_device(x2d.device):
         k.launch((M, 1, 1), (_quant_a_threads(block_size), 1, 1),
-                 (x_ptr, x2d.stride(0), A_q, A_q.stride(0), s_ptr, o_ptr, q_ptr, ld, 1, block_size))
+                 (x_ptr, x2d.stride(0), A_q, A_q.stride(0), s_ptr, o_ptr, q_ptr, ld, 1, 1, block_size))
 
 
 def sum_bq_gpu(qweight: torch.Tensor, block_size: int | None = None) -> torch.Tensor:

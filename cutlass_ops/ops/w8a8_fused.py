@@ -174,6 +174,16 @@ def _row_planes_kernel(config_name: str, block_size: int, device_index: int):
 
 
 @functools.lru_cache(maxsize=1)
+def _planes_quantizer():
+    """QuantA writing the row parameters as planes (cutlass_ops.ops.quant), or None without it."""
+    try:
+        from cutlass_ops.ops.quant import quantize_activation_planes_gpu
+    except ImportError:
+        return None
+    return quantize_activation_planes_gpu
+
+
+@functools.lru_cache(maxsize=1)
 def _activation_quantizer():
     """The QuantA GPU kernel when its module exists, else the torch version below."""
     try:
@@ -326,21 +336,30 @@ def linear_w8a8_fused(x2d: torch.Tensor | None, qw, bias: torch.Tensor | None = 
     if M == 0:
         return out
 
+    current = torch.cuda.current_device()
+    index = current if device.index is None else device.index
+    cfg = TILE_CONFIGS[config or choose_config(M, N, _capability(index))]
+    rows = None  # N-split variants: the row parameters as planes [G, 3, M rounded up to 4]
     if quantized_A is None:
         x2d = x2d.contiguous()
-        quantized_A = _activation_quantizer()(x2d, bs)
-    A_q, sA, oA, sumA = _check_quantized_A(quantized_A, M, K, G, device)
+        planes_quantizer = _planes_quantizer() if cfg.nsplit else None
+        if planes_quantizer is not None:  # QuantA writes the planes itself: no transpose launch
+            A_q, rows = planes_quantizer(x2d, bs)
+            quantized_A = (A_q, rows, rows, rows)
+        else:
+            quantized_A = _activation_quantizer()(x2d, bs)
+    if rows is None:
+        A_q, sA, oA, sumA = _check_quantized_A(quantized_A, M, K, G, device)
     if bias is not None:
         if bias.device != device:
             raise ValueError(f"bias is on {bias.device}, expected {device}")
         bias = bias.to(torch.float32).contiguous()
 
-    current = torch.cuda.current_device()
-    index = current if device.index is None else device.index
-    cfg = TILE_CONFIGS[config or choose_config(M, N, _capability(index))]
     kernel, smem = _kernel_for(cfg.name, bs, index)
     grid = (-(-M // cfg.BM) * -(-N // cfg.BN),)
-    if cfg.nsplit:
+    if rows is not None:
+        sA = oA = sumA = rows
+    elif cfg.nsplit:
         # row parameters as planes [G, 3, M rounded up to 4], copied per K block into shared memory
         # next to the column planes; one small kernel (w8a8_row_planes) transposes them
         Mp = -(-M // 4) * 4

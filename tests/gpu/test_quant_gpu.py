@@ -64,6 +64,23 @@ def test_quant_a_bit_exact(M, block_size, G, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M", [1, 17, 130])
+def test_quant_a_planes_hold_the_same_values(M, dtype):
+    """The planes layout of the fused Hopper kernel: [G, 3, M rounded up to 4] = scale, offset and
+    sum_q's int32 bits, bit-identical to the [M, G] outputs; A_q identical too."""
+    from cutlass_ops.ops.quant import quantize_activation_planes_gpu
+
+    block_size, G = 64, 3
+    x = _activations(M, block_size * G, block_size, dtype).cuda()
+    A_q, scale, offset, sum_q = quantize_activation_gpu(x, block_size)
+    A_q2, planes = quantize_activation_planes_gpu(x, block_size)
+    assert planes.shape == (G, 3, -(-M // 4) * 4) and planes.dtype == torch.float32
+    assert torch.equal(A_q2, A_q)
+    assert torch.equal(planes[:, 0, :M], scale.t()) and torch.equal(planes[:, 1, :M], offset.t())
+    assert torch.equal(planes[:, 2, :M].contiguous().view(torch.int32), sum_q.t())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_quant_a_one_block_per_row(dtype):
     x = _activations(3, 1000, 1000, dtype)  # block_size None: G = 1, K not a multiple of 32
     _assert_same(quantize_activation_gpu(x.cuda(), None), quantize_activation_reference(x, None))
