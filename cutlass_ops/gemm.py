@@ -400,7 +400,7 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch:
                          f"{tuple(getattr(A, 'shape', ()))} on {getattr(A, 'device', None)}")
     if _checked:
         return int8_gemm_checked(A, B, epilogue, arch, out_dtype, out, epilogue_args)
-    return _plan_for(A, epilogue, arch, out_dtype)(A, B, out=out, **epilogue_args)
+    return _plan_for(A, A.get_device(), epilogue, arch, out_dtype)(A, B, out=out, **epilogue_args)
 
 
 def int8_gemm_checked(A: torch.Tensor, B: torch.Tensor, epilogue: str, arch: int | None,
@@ -408,12 +408,13 @@ def int8_gemm_checked(A: torch.Tensor, B: torch.Tensor, epilogue: str, arch: int
                       inputs: dict[str, Any]) -> torch.Tensor:
     """int8_gemm for operands the caller has checked (int8, 2-D, contiguous, same K, A and B on one
     CUDA device), the epilogue inputs as one dict: the per-call path of ``cutlass_ops.int8_gemm``."""
-    return _plan_for(A, epilogue, arch, out_dtype).launch_checked(A, B, A.get_device(), out, inputs)
-
-
-def _plan_for(A: torch.Tensor, epilogue: str, arch: int | None, out_dtype: torch.dtype | str | None) -> Int8Gemm:
-    """The loaded plan for A's device and M bucket (two int compares and one dict lookup per call)."""
     device = A.get_device()
+    return _plan_for(A, device, epilogue, arch, out_dtype).launch_checked(A, B, device, out, inputs)
+
+
+def _plan_for(A: torch.Tensor, device: int, epilogue: str, arch: int | None,
+              out_dtype: torch.dtype | str | None) -> Int8Gemm:
+    """The loaded plan for A's device and M bucket (two int compares and one dict lookup per call)."""
     limits = _bucket_limits_by_device.get(device)
     if limits is None:
         limits = _bucket_limits_by_device[device] = _bucket_limits(tuning(_device_info(device)[1]))

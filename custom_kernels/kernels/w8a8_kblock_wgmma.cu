@@ -87,7 +87,7 @@ constexpr int kTileBytes = BM * BK;              // A tile; the B tile has the s
 // One block's parameters: M split: float4 per column; N split: three column planes (sB, oB, q) at
 // 0, 512, 1024 and three row planes (sA, oA, sumA) of the tile's 128 rows at 2048, 2560, 3072.
 constexpr int kColBytes = W8A8W_NSPLIT ? 4096 : BN * 16;
-constexpr int kRowPlanes = 2048;  // N split: offset of the row planes in a block's parameters
+[[maybe_unused]] constexpr int kRowPlanes = 2048;  // N split: offset of the row planes in a block's parameters
 constexpr int kStageBytes = 2 * kTileBytes + kSlots * kColBytes;
 static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle-atom alignment");
 constexpr int kSmemBytes = STAGES * kStageBytes + 1024 + 16 * STAGES;
@@ -97,7 +97,7 @@ constexpr int kSmemBytes = STAGES * kStageBytes + 1024 + 16 * STAGES;
 static_assert(!W8A8W_NSPLIT || W8A8W_TMA, "the N split's planar column parameters are loaded by TMA");
 constexpr int kMB = W8A8W_NSPLIT ? 2 : 1;
 constexpr int kWN = W8A8W_NSPLIT ? 64 : 128;
-constexpr int kPlaneBytes = BN * 4;  // one plane of 128 floats (N split)
+[[maybe_unused]] constexpr int kPlaneBytes = BN * 4;  // one plane of 128 floats (N split)
 
 // A CUtensorMap: 128 opaque bytes made by cuTensorMapEncodeTiled, passed by value.
 struct alignas(64) TensorMap {

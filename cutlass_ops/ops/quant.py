@@ -69,11 +69,9 @@ def _param_column(t: torch.Tensor, name: str, rows: int, column: int, dtype: tor
     return t.data_ptr() + column * t.stride(1) * t.element_size(), t.stride(0)
 
 
-def quantize_activation_gpu(x2d: torch.Tensor, block_size: int | None = None):
-    """QuantA of x2d [M, K] per row and K block: (A_q int8 [M, K], scale f32 [M, G], offset f32 [M, G], sum_q int32 [M, G]).
-
-    block_size None => one block per row (G = 1). Bit-exact with formats.quantize_activation_reference.
-    """
+def _quantize_rows(x2d: torch.Tensor, block_size: int | None, planes: bool) -> tuple:
+    """QuantA of every (row, K block) of x2d in one launch: (A_q, scale, offset, sum_q) as [M, G],
+    or with ``planes`` (A_q, planes [G, 3, M rounded up to 4]) for the fused Hopper kernel."""
     check_dtype(x2d, "x2d", FLOAT_DTYPES)
     check_cuda(x2d, "x2d")
     _rows(x2d, "x2d")
@@ -82,15 +80,30 @@ def quantize_activation_gpu(x2d: torch.Tensor, block_size: int | None = None):
     G = K // block_size
     dev = x2d.device
     A_q = torch.empty((M, K), dtype=torch.int8, device=dev)
-    scale = torch.empty((M, G), dtype=torch.float32, device=dev)
-    offset = torch.empty((M, G), dtype=torch.float32, device=dev)
-    sum_q = torch.empty((M, G), dtype=torch.int32, device=dev)
+    if planes:
+        Mp = -(-M // 4) * 4
+        out = (torch.empty((G, 3, Mp), dtype=torch.float32, device=dev),)
+        base = out[0].data_ptr()
+        # plane p of block g at (3 g + p) Mp: row stride 1, block stride 3 Mp; sum_q as its int32 bits
+        params, ld_param, g_stride = (base, base + 4 * Mp, base + 8 * Mp), 1, 3 * Mp
+    else:
+        out = (torch.empty((M, G), dtype=torch.float32, device=dev), torch.empty((M, G), dtype=torch.float32, device=dev),
+               torch.empty((M, G), dtype=torch.int32, device=dev))
+        params, ld_param, g_stride = out, G, 1
     if M * G:
         k = _kernel("quant_a.cu", f"quant_a_{_TAGS[x2d.dtype]}", _QUANT_A_SIGNATURE, _device(x2d))
         with on_device(dev):
             k.launch((M * G, 1, 1), (_quant_a_threads(block_size), 1, 1),
-                     (x2d, x2d.stride(0), A_q, K, scale, offset, sum_q, G, 1, G, block_size))
-    return A_q, scale, offset, sum_q
+                     (x2d, x2d.stride(0), A_q, K, *params, ld_param, g_stride, G, block_size))
+    return (A_q, *out)
+
+
+def quantize_activation_gpu(x2d: torch.Tensor, block_size: int | None = None):
+    """QuantA of x2d [M, K] per row and K block: (A_q int8 [M, K], scale f32 [M, G], offset f32 [M, G], sum_q int32 [M, G]).
+
+    block_size None => one block per row (G = 1). Bit-exact with formats.quantize_activation_reference.
+    """
+    return _quantize_rows(x2d, block_size, planes=False)
 
 
 def quantize_activation_planes_gpu(x2d: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,23 +111,7 @@ def quantize_activation_planes_gpu(x2d: torch.Tensor, block_size: int) -> tuple[
     float32 [G, 3, Mp]) with planes[g, 0, m] = scale, [g, 1, m] = offset and [g, 2, m] the int32
     sum_q's bits (Mp = M rounded up to 4; the fused Hopper kernel copies a block's 128 rows of each
     plane into shared memory). Same values as ``quantize_activation_gpu``; one launch."""
-    check_dtype(x2d, "x2d", FLOAT_DTYPES)
-    check_cuda(x2d, "x2d")
-    _rows(x2d, "x2d")
-    M, K = x2d.shape
-    block_size = check_block_size(block_size, K)
-    G = K // block_size
-    Mp = -(-M // 4) * 4
-    dev = x2d.device
-    A_q = torch.empty((M, K), dtype=torch.int8, device=dev)
-    planes = torch.empty((G, 3, Mp), dtype=torch.float32, device=dev)
-    if M * G:
-        k = _kernel("quant_a.cu", f"quant_a_{_TAGS[x2d.dtype]}", _QUANT_A_SIGNATURE, _device(x2d))
-        base, plane = planes.data_ptr(), Mp * 4
-        with on_device(dev):
-            k.launch((M * G, 1, 1), (_quant_a_threads(block_size), 1, 1),
-                     (x2d, x2d.stride(0), A_q, K, base, base + plane, base + 2 * plane, 1, 3 * Mp, G, block_size))
-    return A_q, planes
+    return _quantize_rows(x2d, block_size, planes=True)
 
 
 def quantize_activation_block_gpu(x2d: torch.Tensor, k_start: int, block_size: int, A_q: torch.Tensor,

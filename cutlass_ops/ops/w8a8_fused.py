@@ -232,8 +232,7 @@ def prepare_weight_w8a8(qw, device=None) -> dict:
     """Per-weight data of the fused kernel, built once and cached on ``qw`` (an attribute).
 
     qw: a bits=8 ``QuantizedWeight`` (qweight int8 [N, K], scale/offset float32 [N, G]).
-    Returns {"B_q": int8 [N, K], "bvec": float32 [G, N, 4] = (sB, oB, sB*sumB + bs*oB, 0), "bplanes": the
-    same as float32 [G, 3, N rounded up to 4] (sB, oB, q planes; zero padding),
+    Returns {"B_q": int8 [N, K], "bvec": float32 [G, N, 4] = (sB, oB, sB*sumB + bs*oB, 0),
     "sumB": int32 [N, G], "N", "K", "G", "block_size", "device"} with tensors on ``device``
     (default: the weight's CUDA device, else the current CUDA device). The cache is rebuilt when
     the weight's tensors are replaced or modified in place.
@@ -260,14 +259,22 @@ def prepare_weight_w8a8(qw, device=None) -> dict:
     # q in float64, rounded once to float32 (the kernel multiplies it by oA)
     q = (sB.double() * sumB.double() + bs * oB.double()).float()
     bvec = torch.stack((sB, oB, q, torch.zeros_like(q)), dim=-1).transpose(0, 1).contiguous()  # [G, N, 4]
-    # the same three per block as planes [G, 3, N rounded up to 4] (16-byte copies of each plane)
-    planes = torch.zeros(G, 3, -(-N // 4) * 4, dtype=torch.float32, device=device)
-    planes[:, :, :N] = torch.stack((sB, oB, q), dim=0).permute(2, 0, 1)
-    prep = {"B_q": B_q, "bvec": bvec, "bplanes": planes, "sumB": sumB, "N": N, "K": K, "G": G, "block_size": bs,
-            "device": device}
+    prep = {"B_q": B_q, "bvec": bvec, "sumB": sumB, "N": N, "K": K, "G": G, "block_size": bs, "device": device}
     # object.__setattr__: also works on frozen dataclasses; the cache is an attribute of qw itself
     object.__setattr__(qw, _PREP_ATTR, (key, prep))
     return prep
+
+
+def _column_planes(prep: dict) -> torch.Tensor:
+    """bvec's (sB, oB, q) as planes [G, 3, N rounded up to 4] (zero padding: 16-byte copies of each
+    plane) for the N-split variants; made on their first use and kept in the prepared weight."""
+    planes = prep.get("bplanes")
+    if planes is None:
+        G, N, bvec = prep["G"], prep["N"], prep["bvec"]
+        planes = torch.zeros(G, 3, -(-N // 4) * 4, dtype=torch.float32, device=bvec.device)
+        planes[:, :, :N] = bvec[..., :3].permute(0, 2, 1)
+        prep["bplanes"] = planes
+    return planes
 
 
 def _check_quantized_A(quantized_A, M: int, K: int, G: int, device: torch.device):
@@ -369,8 +376,8 @@ def linear_w8a8_fused(x2d: torch.Tensor | None, qw, bias: torch.Tensor | None = 
         with launch_on:
             planes_kernel.launch((-(-G * M // 256),), (256,), (sA, oA, sumA, rows, M, G, Mp))
         sA = oA = sumA = rows
-    args = (A_q, sA, oA, sumA, prep["B_q"], prep["bplanes" if cfg.nsplit else "bvec"], bias, out, M, N, K, G, act,
-            OUT_KIND[out_dtype])
+    args = (A_q, sA, oA, sumA, prep["B_q"], _column_planes(prep) if cfg.nsplit else prep["bvec"], bias, out, M, N,
+            K, G, act, OUT_KIND[out_dtype])
     if cfg.tma:
         from cutlass_ops.ops.tma import tensor_map_2d
 
