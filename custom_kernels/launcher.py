@@ -8,10 +8,11 @@ from __future__ import annotations
 import ctypes
 import struct
 import threading
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from cuda.bindings import driver
+
+from .launch_config import ExLaunch
 
 __all__ = ["CudaDriverError", "check", "Module", "Kernel", "LaunchShape", "current_stream_handle", "device_capability"]
 
@@ -36,30 +37,37 @@ def check(result: tuple, what: str) -> Any:
 
 class LaunchShape:
     """One kernel function with its grid, block, dynamic shared memory and cluster shape, ready to
-    launch: ``launch(stream, params_addr)`` only sets the stream and calls the driver."""
+    launch: ``launch(stream, params_addr)`` only sets the stream and calls the driver.
 
-    def __init__(self, function: Any, grid, block, smem: int = 0, cluster=(1, 1, 1), name: str = "kernel"):
+    ``pdl``: launch with programmatic dependent launch (only for kernels that wait on the previous
+    grid before reading its results, see ``launch_config``)."""
+
+    def __init__(self, function: Any, grid, block, smem: int = 0, cluster=(1, 1, 1), name: str = "kernel",
+                 pdl: bool = False):
         self.function = function
         self.grid = (tuple(grid) + (1, 1))[:3]
         self.block = (tuple(block) + (1, 1))[:3]
         self.smem = int(smem)
         self.cluster = (tuple(cluster) + (1, 1))[:3]
         self.name = name
-        self._lock = threading.Lock()  # the cluster config's stream field is shared between callers
-        if self.cluster != (1, 1, 1):
-            self._cfg = _cluster_config(self.grid, self.block, self.smem, self.cluster)
+        self.pdl = bool(pdl)
+        # Plain launches go through cuda-python; clusters and PDL need launch attributes (ctypes).
+        self._ex = (ExLaunch(function, self.grid, self.block, self.smem, self.cluster, self.pdl)
+                    if self.cluster != (1, 1, 1) or self.pdl else None)
 
     def launch(self, stream: int, params_addr: int) -> None:
         """Launch on ``stream`` (a raw CUstream, 0 = the legacy default) with kernelParams at ``params_addr``."""
-        if self.cluster == (1, 1, 1):
+        if self._ex is None:
             err, = driver.cuLaunchKernel(self.function, *self.grid, *self.block, self.smem, stream, params_addr, 0)
+            if err == driver.CUresult.CUDA_SUCCESS:
+                return
         else:
-            with self._lock:
-                self._cfg.hStream = stream
-                err, = driver.cuLaunchKernelEx(self._cfg, self.function, params_addr, 0)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            check((err,), f"cuLaunchKernel({self.name}, grid={self.grid}, block={self.block}, smem={self.smem}, "
-                          f"cluster={self.cluster})")
+            err = self._ex.launch(stream, params_addr)
+            if err == 0:
+                return
+            err = driver.CUresult(err)
+        check((err,), f"cuLaunchKernel({self.name}, grid={self.grid}, block={self.block}, smem={self.smem}, "
+                      f"cluster={self.cluster}, pdl={self.pdl})")
 
 
 _ctx_lock = threading.Lock()
@@ -130,14 +138,6 @@ def _as_pointer(value: Any) -> int:
     if isinstance(value, int):
         return value
     return value.data_ptr()
-
-
-@dataclass
-class _LaunchConfig:
-    """A reusable cuLaunchKernelEx configuration (used for cluster launches)."""
-
-    config: Any
-    attrs: list
 
 
 class Kernel:
@@ -262,19 +262,6 @@ class Kernel:
                 self._shapes.clear()
             shape = self._shapes[key] = LaunchShape(self.function(device), grid, block, smem, cluster, self.name)
         shape.launch(stream, params_addr)
-
-
-def _cluster_config(grid, block, smem: int, cluster) -> Any:
-    cfg = driver.CUlaunchConfig()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = (tuple(grid) + (1, 1))[:3]
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = (tuple(block) + (1, 1))[:3]
-    cfg.sharedMemBytes = smem
-    attr = driver.CUlaunchAttribute()
-    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
-    cfg.attrs = [attr]
-    cfg.numAttrs = 1
-    return cfg
 
 
 class Module:

@@ -225,7 +225,7 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch=
                                                          if isinstance(v, torch.Tensor)}})
     # The epilogue's tensors (type, size, contiguity, device) are checked per input by the plan.
     return (_gemm_int8_gemm or _gemm_impl())(A.contiguous(), B.contiguous(), epilogue, arch, out_dtype, out,
-                                             epilogue_args)
+                                             epilogue_args, device)
 
 
 def int8_gemm_requant(A_q: torch.Tensor, W_q: torch.Tensor, M_scale: torch.Tensor, fused_bias: torch.Tensor,

@@ -277,7 +277,8 @@ class Int8Gemm:
             raise TypeError(f"epilogue {self.spec.epilogue!r} takes {list(self.epilogue.input_names)}; "
                             f"unexpected {unexpected or sorted(k for k, v in inputs.items() if v is None)}")
         if out is None:
-            out = A.new_empty((M, N), dtype=self.out_dtype)
+            # sizes as separate ints: torch's argument parser takes them faster than a tuple
+            out = torch.empty(M, N, dtype=self.out_dtype, device=_DEVICES.get(device) or _cuda_device(device))
         elif out.shape != (M, N) or out.dtype != self.out_dtype or not out.is_contiguous() or out.get_device() != device:
             raise ValueError(f"out must be a contiguous {self.out_dtype} tensor [M={M}, N={N}] on {A.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
@@ -378,6 +379,13 @@ def get_plan(device: int, arch: int | None, epilogue: str, element_D: str | None
     return plan
 
 
+_DEVICES: dict[int, torch.device] = {}  # device index -> torch.device (made once, not per call)
+
+
+def _cuda_device(index: int) -> torch.device:
+    return _DEVICES.setdefault(index, torch.device("cuda", index))
+
+
 _fast_plans: dict[tuple, Int8Gemm] = {}  # (device, arch, epilogue, out_dtype, bucket index) -> plan
 _bucket_limits_by_device: dict[int, tuple[int, int]] = {}  # device -> (small_m_max, medium_m_max)
 
@@ -405,10 +413,12 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch:
 
 def int8_gemm_checked(A: torch.Tensor, B: torch.Tensor, epilogue: str, arch: int | None,
                       out_dtype: torch.dtype | str | None, out: torch.Tensor | None,
-                      inputs: dict[str, Any]) -> torch.Tensor:
+                      inputs: dict[str, Any], device: int | None = None) -> torch.Tensor:
     """int8_gemm for operands the caller has checked (int8, 2-D, contiguous, same K, A and B on one
-    CUDA device), the epilogue inputs as one dict: the per-call path of ``cutlass_ops.int8_gemm``."""
-    device = A.get_device()
+    CUDA device, ``device`` when given), the epilogue inputs as one dict: the per-call path of
+    ``cutlass_ops.int8_gemm``."""
+    if device is None:
+        device = A.get_device()
     return _plan_for(A, device, epilogue, arch, out_dtype).launch_checked(A, B, device, out, inputs)
 
 

@@ -52,6 +52,10 @@ COMMON_FLAGS = (
     "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG",
     "-Xcudafe", "--diag_suppress=esa_on_defaulted_function_ignored",
 )
+# Sm90 kernels call griddepcontrol (CUTLASS's GDC): the producer waits on the previous grid before its
+# first load, and the consumers release the next grid after their last mainloop, so a kernel launched
+# with programmatic dependent launch overlaps its start with the end of the one before it.
+SM90_DEVICE_FLAGS = ("-DCUTLASS_ENABLE_GDC_FOR_SM90",)
 # The host library links libcudart dynamically (40 KB instead of 1 MB per kernel); at load time
 # the soname resolves to the libcudart.so.13 that torch has already loaded (see gemm_launch).
 HOST_FLAGS = ("-x", "cu", "-Xcompiler=-fPIC", "-Xcompiler=-fpermissive", "-Xcompiler=-w",
@@ -221,7 +225,7 @@ class GemmKernelSpec:
         """Key of the spec -> kernel index: the spec, the epilogue's source, interface and format."""
         fn_source = inspect.getsource(epilogues.get(self.epilogue).fn)
         return content_key(json.dumps(self.to_dict(), sort_keys=True), fn_source,
-                           "nvidia-cutlass==4.2.0.0", str(BUILD_FORMAT))
+                           "nvidia-cutlass==4.2.0.0", str(BUILD_FORMAT), *_device_flags(self))
 
 
 @dataclass(frozen=True)
@@ -353,16 +357,20 @@ def _commands(spec: GemmKernelSpec, workdir: Path) -> tuple[list[str], list[str]
 
     includes = [f"-I{d}" for d in bridge.include_dirs()]
     nvcc = nvcc_path()
-    device = [nvcc, *COMMON_FLAGS, *includes, _gencode(spec.target_arch), "-cubin",
+    device = [nvcc, *COMMON_FLAGS, *_device_flags(spec), *includes, _gencode(spec.target_arch), "-cubin",
               "-o", str(workdir / "kernel.cubin"), str(workdir / "device.cu")]
     host = [nvcc, *COMMON_FLAGS, *HOST_FLAGS, *includes, _gencode(spec.target_arch),
             "-o", str(workdir / "host.so"), str(workdir / "host.cu")]
     return device, host
 
 
+def _device_flags(spec: GemmKernelSpec) -> tuple[str, ...]:
+    return SM90_DEVICE_FLAGS if spec.kernel_cc == 90 else ()
+
+
 def _flags_text(spec: GemmKernelSpec) -> str:
     # Include directories are machine paths: kept out of the key so a carried cache still hits.
-    return " ".join([*COMMON_FLAGS, "|", *HOST_FLAGS, "|", _gencode(spec.target_arch)])
+    return " ".join([*COMMON_FLAGS, *_device_flags(spec), "|", *HOST_FLAGS, "|", _gencode(spec.target_arch)])
 
 
 def _run_nvcc(commands: list[list[str]], workdir: Path) -> list[tuple[list[str], int, str, float]]:
@@ -447,6 +455,8 @@ def _compile(spec: GemmKernelSpec, emitted: EmittedGemm, directory: Path, key: s
             "api": spec.api,
             "target_arch": spec.target_arch,
             "cluster": list(spec.cluster_shape) if spec.api == "3x" else [1, 1, 1],
+            # launchable with programmatic dependent launch (it waits on the previous grid itself)
+            "grid_dependency_control": bool(_device_flags(spec)),
             "pointers": ["A", "B", "C", "D", *[n for n, k in epi.inputs if k != "scalar" and n != "C"]],
             "scalars": [n for n, k in epi.inputs if k == "scalar"],
             "arguments": layout,

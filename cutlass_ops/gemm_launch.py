@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import torch
 
 from custom_kernels.cuda_paths import cuda_home
+from custom_kernels.launch_config import pdl_enabled
 from custom_kernels.launcher import LaunchShape, Module
 
 from .gemm_args import ArgumentLayout
@@ -100,6 +101,7 @@ class _ShapeState:
     rebuilt: dict = field(default_factory=dict)  # pointers tuple -> Params, for rebuilding kernels
     shape: Any = None  # LaunchShape (grid, block, smem, cluster) for this state, built on first launch
     view: Any = None  # params as 8-byte words (a memoryview), made on the first patch
+    params_address: int = 0  # kernelParams for ``params``; set once the state is patched and verified
 
 
 class GemmKernel:
@@ -113,6 +115,9 @@ class GemmKernel:
         self.smem = int(meta["smem_bytes"])
         self.param_size = int(meta["param_size"])
         self.cluster = tuple(meta["cluster"])
+        # Built with griddepcontrol (Sm90): launched with programmatic dependent launch unless
+        # CUTLASS_OPS_PDL=0. A kernel without it must never be: it would read before the previous grid ends.
+        self.pdl = bool(meta.get("grid_dependency_control")) and pdl_enabled()
         self.pointer_names: tuple[str, ...] = tuple(meta["pointers"])
         self.scalar_names: tuple[str, ...] = tuple(meta["scalars"])
         self.layout = ArgumentLayout(meta["arguments"])
@@ -234,13 +239,26 @@ class GemmKernel:
             device = torch.cuda.current_device()
         if stream is None:
             stream = _raw_stream(device)
+        if nonnull is not None and scalars.__class__ is tuple:
+            # The per-call path once a shape is prepared and verified: patch the pointer words, launch.
+            state = self._states.get((M, N, K, nonnull, scalars, device))
+            if state is not None and state.params_address:
+                with self._lock:
+                    words = state.view
+                    for word, slot in state.words:
+                        words[word] = pointers[slot]
+                    state.shape.launch(stream, state.params_address)
+                return
         with self._lock:
             state, params = self._params_for(M, N, K, pointers, scalars, device, nonnull)
             shape = state.shape
             if shape is None:
                 shape = state.shape = LaunchShape(self.kernel.function(device), state.grid, state.block, self.smem,
-                                                  self.cluster, self.name)
-            shape.launch(stream, self.kernel.params_address(params))
+                                                  self.cluster, self.name, self.pdl)
+            address = self.kernel.params_address(params)
+            if params is state.params and state.words is not None and state.verified:
+                state.params_address = address
+            shape.launch(stream, address)
 
     def launch_state(self, M: int, N: int, K: int, pointers: Sequence[int], scalars: Sequence[float] = (),
                      device: int | None = None) -> tuple[bytes, tuple[int, int, int], tuple[int, int, int], bool]:

@@ -82,8 +82,10 @@ def int8_gemm_layers(arch: int, M: int, N: int, K: int) -> list[tuple[str, float
     from custom_kernels.launcher import LaunchShape
 
     params_addr = kernel.kernel.params_address(params)
-    shape = LaunchShape(kernel.kernel.function(0), state.grid, state.block, kernel.smem, kernel.cluster, kernel.name)
-    rows.append(("LaunchShape.launch (cuLaunchKernel / Ex)", host_us(lambda: shape.launch(stream, params_addr))))
+    shape = LaunchShape(kernel.kernel.function(0), state.grid, state.block, kernel.smem, kernel.cluster, kernel.name,
+                        kernel.pdl)
+    kind = "cuLaunchKernelEx (ctypes)" if shape.pdl or shape.cluster != (1, 1, 1) else "cuLaunchKernel (cuda-python)"
+    rows.append((f"LaunchShape.launch: {kind}", host_us(lambda: shape.launch(stream, params_addr))))
     try:
         rows.append(("torch._int_mm (reference)", host_us(lambda: torch._int_mm(A, B.t()))))
     except RuntimeError as exc:
