@@ -28,6 +28,7 @@ import torch
 import epilogues
 
 from .gemm_build import GemmKernelSpec, build, lookup
+from .gemm_fast import FastPath
 from .gemm_launch import GemmKernel
 
 log = logging.getLogger(__name__)
@@ -194,6 +195,7 @@ class Int8Gemm:
         self._scalars = tuple(n for n, k in self.epilogue.inputs if k == "scalar")
         self._c_is_d = spec.api == "2x" and not self.epilogue.evt
         self._slots: _Slots | None = None
+        self._fast: FastPath | None | bool = False  # False: not set up yet; None: Python path only
 
     @property
     def kernel(self) -> GemmKernel:
@@ -216,9 +218,21 @@ class Int8Gemm:
     def launch_checked(self, A: torch.Tensor, B: torch.Tensor, device: int, out: torch.Tensor | None,
                        inputs: dict[str, Any]) -> torch.Tensor:
         """__call__ for operands the public API has already checked (int8, 2-D, contiguous, same K,
-        A and B on ``device``): the shape rules of this kernel and the inputs are still checked."""
+        A and B on ``device``): the shape rules of this kernel and the inputs are still checked.
+
+        A shape seen before goes through the C++ path (gemm_fast), unless it hands the call back."""
+        fast = self._fast
+        if fast:
+            D = fast.run(A, B, device, out, inputs)
+            if D is not None:
+                return D
         M, N, K, pointers, nonnull, scalars, out = self._arguments(A, B, out, device, inputs)
         self._kernel.launch(M, N, K, pointers, scalars, device=device, nonnull=nonnull)
+        if fast is False:
+            fast = self._fast = FastPath.create(self._kernel, self._slots, self.out_dtype, self.spec.alignment_D,
+                                                bool(self._scalars))
+        if fast:
+            fast.register(M, N, K, nonnull, device, pointers)
         return out
 
     def launch_arguments(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,

@@ -70,7 +70,8 @@ def main() -> int:
         for name, fn in calls.items():
             time.sleep(0.1)
             device = graph_us(fn)
-            rows.append([f"{M}x{N}x{K}", name, wall[name], wall["torch._int_mm"] / wall[name], device, host_us(fn)])
+            rows.append([f"{M}x{N}x{K}", name, wall[name], f"{wall['torch._int_mm'] / wall[name]:.2f}", device,
+                         host_us(fn)])
     text = (f"GPU: {torch.cuda.get_device_name()}\n\n"
             + table(["M x N x K", "kernel", "call us", "torch/ours", "device us", "host us"], rows))
     write_report([text], args.out)

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tqdm import tqdm  # noqa: E402
 
 import epilogues  # noqa: E402
+from custom_kernels import host_ext  # noqa: E402
 from cutlass_ops.gemm import BUCKETS, configured_specs  # noqa: E402
 from cutlass_ops.gemm_build import GemmKernelSpec, build  # noqa: E402
 
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-name", help="apply tuning/<gpu name>.json (e.g. 'NVIDIA H100 80GB HBM3')")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="kernels built at once (2 nvcc each)")
     parser.add_argument("--list", action="store_true", help="print the kernels and exit")
+    parser.add_argument("--no-host-ext", action="store_true",
+                        help="skip the C++ per-call launch path (custom_kernels/host_ext.py)")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
@@ -87,6 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{built} built, {hits} cache hits, {len(failures)} failed", file=sys.stderr)
     for name, error in failures:
         print(f"FAILED {name}:\n{error}\n", file=sys.stderr)
+    if not args.no_host_ext:
+        t0 = time.perf_counter()
+        try:
+            where = host_ext.build()
+            print(f"C++ launch path ready in {where} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+        except Exception as exc:  # the Python launch path still works; say why this one does not
+            failures.append(("host_ext", str(exc)))
+            print(f"FAILED the C++ launch path (the Python path stays): {exc}", file=sys.stderr)
     return 1 if failures else 0
 
 

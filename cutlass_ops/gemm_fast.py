@@ -1,0 +1,82 @@
+"""A plan's C++ per-call path (``custom_kernels/host/int8_gemm_launch.cpp``).
+
+The Python path (``Int8Gemm._arguments`` + ``GemmKernel.launch``) stays the reference: a call the
+C++ side cannot take as the plain case comes back as None and goes through Python, which raises the
+precise error or prepares the problem shape; once Python has prepared and verified a shape's
+Params (``_ShapeState.params_address``), they are registered here and later calls of that shape
+skip Python's checks and bookkeeping (measured in ``scripts/profile_host.py``).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from custom_kernels import host_ext
+from custom_kernels.launcher import check
+
+from .gemm_launch import GemmKernel, _raw_stream
+
+log = logging.getLogger(__name__)
+
+_KIND = {"per_row": 0, "per_col": 1, "matrix": 2}
+
+
+class FastPath:
+    """One plan registered with the extension; ``run`` returns D, or None for the Python path."""
+
+    def __init__(self, ext, plan_id: int, kernel: GemmKernel):
+        self._ext = ext
+        self._id = plan_id
+        self._kernel = kernel
+        self._registered: set[tuple] = set()
+
+    @classmethod
+    def create(cls, kernel: GemmKernel, slots, out_dtype: torch.dtype, align_D: int,
+               has_scalars: bool) -> "FastPath | None":
+        """The plan's C++ path, or None (extension unavailable, or an epilogue with scalars)."""
+        if has_scalars:  # scalars key the Params; those epilogues keep the Python path
+            return None
+        ext = host_ext.load()
+        if ext is None:
+            return None
+        inputs = [(name, _KIND[kind], slot, required) for name, kind, slot, required in slots.inputs]
+        plan_id = ext.register_plan(slots.A, slots.B, slots.C, slots.D, slots.C_is_D, slots.always, align_D,
+                                    torch.empty(0, dtype=out_dtype), inputs)
+        return cls(ext, plan_id, kernel)
+
+    def run(self, A: torch.Tensor, B: torch.Tensor, device: int, out: torch.Tensor | None,
+            inputs: dict[str, Any]) -> torch.Tensor | None:
+        D = self._ext.run(self._id, A, B, device, out, inputs, _raw_stream(device))
+        if D.__class__ is int:  # the launch failed: decode the CUresult
+            from cuda.bindings import driver
+
+            check((driver.CUresult(D),), f"cuLaunchKernelEx({self._kernel.name})")
+        return D
+
+    def register(self, M: int, N: int, K: int, nonnull: int, device: int, pointers: list[int]) -> None:
+        """Hand what Python prepared for this shape to the extension: patchable Params once, or
+        (kernels whose Params embed the pointers) the Params built for these pointers."""
+        state = self._kernel._states.get((M, N, K, nonnull, (), device))
+        if state is None or state.shape is None:
+            return
+        key = (M, N, K, nonnull, device)
+        if key not in self._registered:
+            if state.words is not None and not state.params_address:
+                return  # not verified yet: stays on the Python path
+            shape = state.shape
+            words = list(state.words) if state.words is not None else []
+            self._ext.register_state(self._id, M, N, K, nonnull, device, bytes(state.params), words,
+                                     int(shape.function), list(shape.grid), list(shape.block), shape.smem,
+                                     list(shape.cluster), shape.pdl)
+            self._registered.add(key)
+        if state.words is None:
+            params = state.rebuilt.get(tuple(pointers))
+            if params is not None:
+                self._ext.register_params(self._id, M, N, K, nonnull, device, list(pointers), bytes(params))
+
+    @property
+    def shapes(self) -> int:
+        """Problem shapes the C++ path takes."""
+        return self._ext.state_count(self._id)

@@ -1,0 +1,33 @@
+"""The C++ launch path builds on a machine without a GPU, and hands back every call it was not
+told about (None: the caller then takes the Python path)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from custom_kernels import host_ext
+
+pytestmark = pytest.mark.slow  # compiles a torch extension (tens of seconds)
+
+
+@pytest.fixture(scope="module")
+def ext():
+    host_ext.build()
+    module = host_ext._build_and_load(build=False)
+    assert module is not None
+    return module
+
+
+def test_unregistered_shape_goes_back_to_python(ext):
+    plan = ext.register_plan(0, 1, -1, 3, False, 0b1011, 8, torch.empty(0, dtype=torch.float16),
+                             [("scale_row", 0, 4, True), ("scale_col", 1, 5, True), ("bias", 1, 6, False)])
+    A = torch.zeros(16, 64, dtype=torch.int8)
+    B = torch.zeros(32, 64, dtype=torch.int8)
+    inputs = dict(scale_row=torch.ones(16), scale_col=torch.ones(32), bias=None)
+    assert ext.run(plan, A, B, 0, None, inputs, 0) is None  # no launch function, no state: Python's turn
+    assert ext.state_count(plan) == 0
+
+
+def test_build_is_cached(ext):
+    first = host_ext.build()
+    assert first == host_ext.build() and any(first.glob("*.so"))
