@@ -8,7 +8,7 @@ variant: ``strategy=``, ``config=``, ``split_k=``, ``weight_only.SMALL_M_GEMV``,
 line of the case that caused it. It prints ``OK <case>`` (or ``FAIL`` / ``SKIP``) per case and a
 summary, and exits 1 if a case raised. No CUTLASS kernel is built or launched (``int8_gemm``, and the
 W8A8 "orchestrator" and "literal" paths, which run CUTLASS GEMMs, are left out); the fused scheme-2
-kernel is NVRTC and is in. All 82 ``extern "C" __global__`` kernels of custom_kernels/kernels/*.cu
+kernel is NVRTC and is in. All 85 ``extern "C" __global__`` kernels of custom_kernels/kernels/*.cu
 are reached (``--check-coverage``).
 
 On the GPU machine, compile first (NVRTC; gemv_weight_only.cu takes about a minute per module, so
@@ -535,14 +535,16 @@ def _build_scheme2_helper_cases() -> None:
             from cutlass_ops.ops.quant import quantize_activation_gpu
 
             return quantize_activation_gpu(_activations(M, bs * G, dtype, seed=5, scale=3.0), bs)
-        _add(f"quant_a/{_DT_NAME[dtype]}-M{M}-K{bs * G}-g{bs}", "quant_a", [_ref(QA, f"quant_a_{_DT_NAME[dtype]}")],
-             run)
+        # blocks up to 1024 long: one warp per (row, block)
+        _add(f"quant_a/{_DT_NAME[dtype]}-M{M}-K{bs * G}-g{bs}", "quant_a",
+             [_ref(QA, f"quant_a_warp_{_DT_NAME[dtype]}")], run)
 
-    def run_public():
-        import cutlass_ops
+    for K, kernel in ((1000, "quant_a_warp_bf16"), (3000, "quant_a_bf16")):  # longer rows: a block per row
+        def run_public(K=K):
+            import cutlass_ops
 
-        return cutlass_ops.quantize_activation(_activations(3, 1000, torch.bfloat16, seed=6), None)
-    _add("quant_a/bf16-M3-K1000-one-block-per-row-public", "quant_a", [_ref(QA, "quant_a_bf16")], run_public)
+            return cutlass_ops.quantize_activation(_activations(3, K, torch.bfloat16, seed=6), None)
+        _add(f"quant_a/bf16-M3-K{K}-one-block-per-row-public", "quant_a", [_ref(QA, kernel)], run_public)
 
     for dtype, params_2d in ((torch.float32, True), (torch.float16, False), (torch.bfloat16, True)):
         def run_block(dtype=dtype, params_2d=params_2d):
@@ -664,7 +666,7 @@ def _build_w8a8_cases() -> None:
             return wf.linear_w8a8_fused(x, qw, _vector(N, dtype) if bias else None, 2, quantized_A=qa, config=config)
         refs = [_ref(cfg.kernel_file, cfg.kernel_name, cfg.defines(bs))]
         if quantize_inside:
-            refs.append(_ref("quant_a.cu", f"quant_a_{_DT_NAME[dtype]}"))
+            refs.append(_ref("quant_a.cu", f"quant_a_warp_{_DT_NAME[dtype]}"))
         elif cfg.nsplit:
             refs.append(_ref(cfg.kernel_file, wf.ROW_PLANES_KERNEL, cfg.defines(bs)))
         _add(f"w8a8_fused/{config}-g{bs}-{_DT_NAME[dtype]}-M129-N200-K{K_FOR_BLOCK[bs]}", "w8a8_kblock_wgmma",
@@ -697,7 +699,7 @@ def _build_w8a8_cases() -> None:
         _add(f"w8a8_fused/default-{cfg}-g{bs}-{_DT_NAME[dtype]}-M{M}-N{N}-K{K}" + ("-public" if public else ""),
              "w8a8_kblock_fused",
              [_ref(F, "w8a8_kblock_gemm", wf.TILE_CONFIGS[cfg].defines(bs)),
-              _ref("quant_a.cu", f"quant_a_{_DT_NAME[dtype]}")], run_default)
+              _ref("quant_a.cu", f"quant_a_warp_{_DT_NAME[dtype]}")], run_default)
 
 
 def build_cases() -> list[Case]:

@@ -17,7 +17,8 @@ ENTRY_POINTS = {
     + [f"conv_igemm_{t}_w{b}_{l}" for t in ("f16", "bf16") for b in (4, 8) for l in ("nchw", "nhwc")]
     + [f"conv_splitk_reduce_{t}_{l}" for t in ("f16", "bf16") for l in ("nchw", "nhwc")]
     + ["conv_nchw_to_nhwc_b16"],
-    "quant_a.cu": ["quant_a_f32", "quant_a_f16", "quant_a_bf16", "precompute_sum_bq"],
+    "quant_a.cu": ["quant_a_f32", "quant_a_f16", "quant_a_bf16", "quant_a_warp_f32", "quant_a_warp_f16",
+                   "quant_a_warp_bf16", "precompute_sum_bq"],
     "scheme2_epilogue.cu": ["dequant_and_acc_f32", "dequant_and_acc_f16", "dequant_and_acc_bf16",
                             "bias_act_f32_f32", "bias_act_f16_f16", "bias_act_bf16_bf16", "bias_act_f32_f16",
                             "bias_act_f32_bf16"],

@@ -33,11 +33,51 @@ __device__ __forceinline__ int warp_sum(int v) {
   return v;
 }
 
+// The block's scale and offset from its min and max (zero range: scale 1, offset max, so q = 0
+// reproduces max exactly). One IEEE-rounded op each, as in the reference.
+__device__ __forceinline__ void block_params(float mn, float mx, float& sc, float& of) {
+  sc = __fdiv_rn(__fsub_rn(mx, mn), 255.0f);
+  of = __fsub_rn(mx, __fmul_rn(sc, 127.0f));
+  if (sc == 0.0f) {
+    sc = 1.0f;
+    of = mx;
+  }
+}
+
+// min and max of xr[k] for k = first, first + step, ... < n
+template <typename T>
+__device__ __forceinline__ void span_min_max(const T* __restrict__ xr, int first, int step, int n, float& mn,
+                                             float& mx) {
+  mn = __int_as_float(0x7f800000);  // +inf
+  mx = -__int_as_float(0x7f800000);
+  for (int k = first; k < n; k += step) {
+    const float v = to_float<T>(xr[k]);
+    mn = fminf(mn, v);
+    mx = fmaxf(mx, v);
+  }
+}
+
+// q = clamp(rint((x - offset) / scale)) for the same elements; returns their sum
+template <typename T>
+__device__ __forceinline__ int span_quantize(const T* __restrict__ xr, int8_t* __restrict__ qr, int first, int step,
+                                             int n, float sc, float of) {
+  int sum = 0;
+  for (int k = first; k < n; k += step) {
+    const float v = to_float<T>(xr[k]);
+    const float q = fminf(fmaxf(rintf(__fdiv_rn(__fsub_rn(v, of), sc)), -128.0f), 127.0f);
+    const int qi = static_cast<int>(q);
+    qr[k] = static_cast<int8_t>(qi);
+    sum += qi;
+  }
+  return sum;
+}
+
 // One thread block per (m, g): grid = M * G blocks, blockIdx.x = m * G + g. A row of x starts
 // at x + m * lda (lda in elements); A_q rows are ldq bytes apart; scale/offset/sum_q of (m, g)
 // sit at [m * ld_param + g * g_stride] ([M, G] row-major: ld_param = G, g_stride = 1; the fused
 // Hopper kernel's planes [G][3][Mp]: ld_param = 1, g_stride = 3 Mp). The per-block call of the
 // orchestrator passes G = 1 with x, A_q and the parameter pointers already advanced to its block.
+// Used for blocks longer than 1024 elements and by the orchestrator; quant_a_warp below for the rest.
 template <typename T>
 __device__ __forceinline__ void quant_a(const T* __restrict__ x, long long lda, int8_t* __restrict__ A_q,
                                         long long ldq, float* __restrict__ scale, float* __restrict__ offset,
@@ -50,12 +90,8 @@ __device__ __forceinline__ void quant_a(const T* __restrict__ x, long long lda, 
   const T* xr = x + m * lda + static_cast<long long>(g) * block_size;
   int8_t* qr = A_q + m * ldq + static_cast<long long>(g) * block_size;
 
-  float mn = __int_as_float(0x7f800000), mx = -__int_as_float(0x7f800000);  // +inf, -inf
-  for (int k = tid; k < block_size; k += blockDim.x) {
-    const float v = to_float<T>(xr[k]);
-    mn = fminf(mn, v);
-    mx = fmaxf(mx, v);
-  }
+  float mn, mx;
+  span_min_max(xr, tid, blockDim.x, block_size, mn, mx);
   mn = warp_min(mn);
   mx = warp_max(mx);
   if (lane == 0) {
@@ -69,27 +105,41 @@ __device__ __forceinline__ void quant_a(const T* __restrict__ x, long long lda, 
     mn = fminf(mn, s_min[w]);
     mx = fmaxf(mx, s_max[w]);
   }
+  float sc, of;
+  block_params(mn, mx, sc, of);
 
-  float sc = __fdiv_rn(__fsub_rn(mx, mn), 255.0f);
-  float of = __fsub_rn(mx, __fmul_rn(sc, 127.0f));
-  if (sc == 0.0f) {  // zero-range block: q = 0 reproduces max exactly
-    sc = 1.0f;
-    of = mx;
-  }
-
-  int sum = 0;
-  for (int k = tid; k < block_size; k += blockDim.x) {
-    const float v = to_float<T>(xr[k]);
-    const float q = fminf(fmaxf(rintf(__fdiv_rn(__fsub_rn(v, of), sc)), -128.0f), 127.0f);
-    const int qi = static_cast<int>(q);
-    qr[k] = static_cast<int8_t>(qi);
-    sum += qi;
-  }
-  sum = warp_sum(sum);
+  int sum = warp_sum(span_quantize(xr, qr, tid, blockDim.x, block_size, sc, of));
   if (lane == 0) s_sum[warp] = sum;
   __syncthreads();
   if (tid == 0) {
     for (int w = 1; w < nwarps; ++w) sum += s_sum[w];
+    const long long p = m * ld_param + g * g_stride;
+    scale[p] = sc;
+    offset[p] = of;
+    sum_q[p] = sum;
+  }
+}
+
+// One warp per (m, g), item = blockIdx.x * warps per block + warp, items = M * G: the same values
+// as quant_a with the reductions done by shuffles alone (no shared memory, no block barrier). The
+// block-per-item launch spent most of its time in tiny blocks: 184 us for 4096 x 8192 fp16 at
+// block 128 on an H100 (scripts/results/...-bench_w8a8-s4-wn.md).
+template <typename T>
+__device__ __forceinline__ void quant_a_warp(const T* __restrict__ x, long long lda, int8_t* __restrict__ A_q,
+                                             long long ldq, float* __restrict__ scale, float* __restrict__ offset,
+                                             int32_t* __restrict__ sum_q, long long ld_param, long long g_stride,
+                                             int G, int block_size, int M) {
+  const int lane = threadIdx.x & 31;
+  const long long item = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (item >= static_cast<long long>(M) * G) return;  // uniform per warp
+  const int m = static_cast<int>(item / G), g = static_cast<int>(item - static_cast<long long>(m) * G);
+  const T* xr = x + m * lda + static_cast<long long>(g) * block_size;
+  int8_t* qr = A_q + m * ldq + static_cast<long long>(g) * block_size;
+  float mn, mx, sc, of;
+  span_min_max(xr, lane, 32, block_size, mn, mx);
+  block_params(warp_min(mn), warp_max(mx), sc, of);
+  const int sum = warp_sum(span_quantize(xr, qr, lane, 32, block_size, sc, of));
+  if (lane == 0) {
     const long long p = m * ld_param + g * g_stride;
     scale[p] = sc;
     offset[p] = of;
@@ -130,6 +180,17 @@ __device__ __forceinline__ void sum_bq(const int8_t* __restrict__ B_q, long long
 CUOPS_DEFINE_QUANT_A(quant_a_f32, float)
 CUOPS_DEFINE_QUANT_A(quant_a_f16, __half)
 CUOPS_DEFINE_QUANT_A(quant_a_bf16, __nv_bfloat16)
+
+#define CUOPS_DEFINE_QUANT_A_WARP(NAME, T)                                                              \
+  extern "C" __global__ void __launch_bounds__(256)                                                    \
+      NAME(const T* x, long long lda, int8_t* A_q, long long ldq, float* scale, float* offset, int32_t* sum_q, \
+           long long ld_param, long long g_stride, int G, int block_size, int M) {                     \
+    cuops::quant::quant_a_warp<T>(x, lda, A_q, ldq, scale, offset, sum_q, ld_param, g_stride, G, block_size, M); \
+  }
+
+CUOPS_DEFINE_QUANT_A_WARP(quant_a_warp_f32, float)
+CUOPS_DEFINE_QUANT_A_WARP(quant_a_warp_f16, __half)
+CUOPS_DEFINE_QUANT_A_WARP(quant_a_warp_bf16, __nv_bfloat16)
 
 extern "C" __global__ void __launch_bounds__(256)
     precompute_sum_bq(const int8_t* B_q, long long ldb, int32_t* sum_B_q, int N, int G, int block_size) {

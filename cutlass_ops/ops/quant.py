@@ -25,6 +25,8 @@ __all__ = [
 
 _TAGS = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _QUANT_A_SIGNATURE = "PqPqPPPqqii"  # x, lda, A_q, ldq, scale, offset, sum_q, ld_param, g_stride, G, bs
+_QUANT_A_WARP_SIGNATURE = "PqPqPPPqqiii"  # the same, then M
+_WARP_ITEM_MAX = 1024  # blocks up to this long take one warp each (32 elements per lane at most)
 _SUM_BQ_SIGNATURE = "PqPiii"
 _DEQUANT_ACC_SIGNATURE = "PqPqPPPqPPPqiii"
 _BIAS_ACT_SIGNATURE = "PqPqPiii"
@@ -91,10 +93,15 @@ def _quantize_rows(x2d: torch.Tensor, block_size: int | None, planes: bool) -> t
                torch.empty((M, G), dtype=torch.int32, device=dev))
         params, ld_param, g_stride = out, G, 1
     if M * G:
-        k = _kernel("quant_a.cu", f"quant_a_{_TAGS[x2d.dtype]}", _QUANT_A_SIGNATURE, _device(x2d))
+        args = (x2d, x2d.stride(0), A_q, K, *params, ld_param, g_stride, G, block_size)
+        if block_size <= _WARP_ITEM_MAX:  # one warp per (row, block), 8 per thread block
+            k = _kernel("quant_a.cu", f"quant_a_warp_{_TAGS[x2d.dtype]}", _QUANT_A_WARP_SIGNATURE, _device(x2d))
+            grid, threads, args = -(-M * G // 8), 256, (*args, M)
+        else:
+            k = _kernel("quant_a.cu", f"quant_a_{_TAGS[x2d.dtype]}", _QUANT_A_SIGNATURE, _device(x2d))
+            grid, threads = M * G, _quant_a_threads(block_size)
         with on_device(dev):
-            k.launch((M * G, 1, 1), (_quant_a_threads(block_size), 1, 1),
-                     (x2d, x2d.stride(0), A_q, K, *params, ld_param, g_stride, G, block_size))
+            k.launch((grid, 1, 1), (threads, 1, 1), args)
     return (A_q, *out)
 
 

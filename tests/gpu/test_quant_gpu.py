@@ -81,9 +81,18 @@ def test_quant_a_planes_hold_the_same_values(M, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_quant_a_one_block_per_row(dtype):
-    x = _activations(3, 1000, 1000, dtype)  # block_size None: G = 1, K not a multiple of 32
+@pytest.mark.parametrize("K", [1000, 1024, 1040, 3000])  # one warp per row up to 1024, a block per row above
+def test_quant_a_one_block_per_row(dtype, K):
+    x = _activations(3, K, K, dtype)  # block_size None: G = 1 (1000, 1040: K not a multiple of 32)
     _assert_same(quantize_activation_gpu(x.cuda(), None), quantize_activation_reference(x, None))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_quant_a_many_rows_and_blocks(dtype):
+    """Enough (row, block) items that the warp-per-item launch spans many thread blocks, with a
+    ragged last one (M * G not a multiple of 8)."""
+    x = _activations(1001, 128 * 9, 128, dtype, seed=3)
+    _assert_same(quantize_activation_gpu(x.cuda(), 128), quantize_activation_reference(x, 128))
 
 
 @pytest.mark.parametrize("params_2d", [True, False], ids=["params_MxG", "params_M"])
