@@ -85,7 +85,8 @@ def _build_and_load(build: bool) -> ModuleType | None:
         return None
     directory.mkdir(parents=True, exist_ok=True)
     if not any(directory.glob(f"{name}*.so")):
-        log.info("building the C++ launch path into %s (once; about a minute)", directory)
+        log.warning("building the C++ launch path into %s (once, about a minute; scripts/build_kernels.py "
+                    "builds it ahead of time)", directory)
     return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(_CFLAGS),
                               extra_include_paths=list(cuda_include_dirs()), build_directory=str(directory),
                               verbose=False)

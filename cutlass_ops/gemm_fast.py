@@ -73,8 +73,9 @@ class FastPath:
             self._registered.add(key)
         if state.words is None:
             params = state.rebuilt.get(tuple(pointers))
-            if params is not None:
-                self._ext.register_params(self._id, M, N, K, nonnull, device, list(pointers), bytes(params))
+            if params is not None and not self._ext.register_params(self._id, M, N, K, nonnull, device,
+                                                                     list(pointers), bytes(params)):
+                self._registered.discard(key)  # the extension's table started over: register again next call
 
     @property
     def shapes(self) -> int:

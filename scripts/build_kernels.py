@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             where = host_ext.build()
             print(f"C++ launch path ready in {where} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-        except Exception as exc:  # the Python launch path still works; say why this one does not
-            failures.append(("host_ext", str(exc)))
-            print(f"FAILED the C++ launch path (the Python path stays): {exc}", file=sys.stderr)
+        except Exception as exc:  # not a failure: the Python launch path works without it; say why
+            print(f"WARNING: the C++ launch path did not build (int8_gemm keeps its Python path): {exc}",
+                  file=sys.stderr)
     return 1 if failures else 0
 
 

@@ -63,6 +63,8 @@ struct PointersHash {
   }
 };
 constexpr size_t kRebuiltKept = 64;  // Params kept per shape for kernels that need them rebuilt
+constexpr size_t kShapesKept = 4096;  // shapes per plan; past that the table starts over (those calls
+                                      // then stay on the Python path, which is correct, only slower)
 
 struct State {
   bool patch;                                        // true: one Params, pointer words patched per call
@@ -160,15 +162,19 @@ void register_state(int64_t plan_id, int64_t M, int64_t N, int64_t K, int64_t no
   c.hStream = nullptr;
   c.attrs = n_attrs ? s->attrs : nullptr;
   c.numAttrs = n_attrs;
-  g_plans[plan_id]->states[Key{M, N, K, nonnull, static_cast<int>(device)}] = std::move(s);
+  auto& states = g_plans[plan_id]->states;
+  if (states.size() >= kShapesKept) states.clear();
+  states[Key{M, N, K, nonnull, static_cast<int>(device)}] = std::move(s);
 }
 
 // Params built for one pointer set of a registered shape whose Params cannot be patched.
-void register_params(int64_t plan_id, int64_t M, int64_t N, int64_t K, int64_t nonnull, int64_t device,
+// False when the shape is not registered (any more): the caller registers it again.
+bool register_params(int64_t plan_id, int64_t M, int64_t N, int64_t K, int64_t nonnull, int64_t device,
                      const std::vector<int64_t>& pointers, const py::bytes& params) {
   auto& states = g_plans.at(plan_id)->states;
   auto found = states.find(Key{M, N, K, nonnull, static_cast<int>(device)});
-  TORCH_CHECK(found != states.end() && !found->second->patch, "register_params: no rebuilt state for this shape");
+  if (found == states.end()) return false;
+  TORCH_CHECK(!found->second->patch, "register_params: this shape's Params are patched, not rebuilt");
   TORCH_CHECK(pointers.size() <= kMaxPointers, "too many pointers");
   Pointers key{};
   for (size_t i = 0; i < pointers.size(); ++i) key.p[i] = static_cast<uint64_t>(pointers[i]);
@@ -178,6 +184,7 @@ void register_params(int64_t plan_id, int64_t M, int64_t N, int64_t K, int64_t n
   auto& rebuilt = found->second->rebuilt;
   if (rebuilt.size() >= kRebuiltKept) rebuilt.clear();
   rebuilt[key] = std::move(words);
+  return true;
 }
 
 // D for operands the caller checked (int8, 2-D, contiguous, same K, A and B on `device`), or None
