@@ -2,9 +2,9 @@
 
 A ``CUlaunchConfig`` and its attributes live in one ctypes buffer made once per launch shape, and
 the launch calls libcuda's ``cuLaunchKernelEx`` through ctypes: per call only the stream field is
-written (through cuda-python, a ``CUlaunchConfig`` costs an object conversion per call; measured on
-an H100 host: 3.1-5.7 us per ctypes launch against 3.7-5.8 us for cuda-python's plain
-``cuLaunchKernel``, `scripts/results/*-s5-*`).
+written (through cuda-python, a ``CUlaunchConfig`` costs an object conversion per call). Measured on
+an H100 host: 3.1-5.7 us per ctypes ``cuLaunchKernelEx`` against 3.7-5.8 us for cuda-python's plain
+``cuLaunchKernel`` (scripts/results/2026-11-22-nvidia-h100-pdl_probe-s5.md).
 
 Programmatic dependent launch (PDL): the kernel may start while the previous kernel in the stream
 finishes, and must itself execute ``griddepcontrol.wait`` before it touches memory that kernel
