@@ -104,6 +104,9 @@ void set_launch_function(int64_t address) { g_launch = reinterpret_cast<LaunchKe
 int64_t register_plan(int64_t slot_A, int64_t slot_B, int64_t slot_C, int64_t slot_D, bool c_is_d, int64_t always,
                       int64_t align_D, const at::Tensor& out_example,
                       const std::vector<std::tuple<std::string, int64_t, int64_t, bool>>& inputs) {
+  for (int64_t slot : {slot_A, slot_B, slot_D})
+    TORCH_CHECK(slot >= 0 && slot < kMaxPointers, "pointer slot out of range");
+  TORCH_CHECK(slot_C < kMaxPointers && (!c_is_d || slot_C >= 0), "pointer slot of C out of range");
   auto plan = std::make_unique<Plan>();
   plan->slot_A = static_cast<int>(slot_A);
   plan->slot_B = static_cast<int>(slot_B);
