@@ -1,8 +1,7 @@
 """Timing helpers shared by the benchmarks (not a test module).
 
 ``call_us``: wall time per call as a user makes it (host cost included): many back-to-back
-calls between two synchronizations. ``host_us``: host time per call alone (the enqueue cost), over
-back-to-back calls; ``host_us_idle``: the same for single calls made with the GPU idle.
+calls between two synchronizations. ``host_us``: host time per call alone (the enqueue cost).
 ``kernel_us``: median device time per call from CUDA events around each call (warm, L2 rotated
 by the caller's choice of inputs; host-bound calls include their launch gaps). ``graph_us``:
 device time per call from a CUDA graph of repeated calls (no host cost, no launch gaps).
@@ -40,21 +39,6 @@ def host_us(fn, iters: int = 200, warmup: int = 5, repeats: int = 5) -> float:
     """Median over ``repeats`` loops of the host us per call (each loop short enough that the
     launch queue never fills, so the GPU's speed does not leak into the host time)."""
     return statistics.median(_timed_calls(fn, max(1, iters // repeats), warmup)[0] for _ in range(repeats))
-
-
-def host_us_idle(fn, calls: int = 100, warmup: int = 5) -> float:
-    """Median host us of single calls, each made with the GPU idle (synchronized before, not timed):
-    the host cost of a call when nothing is queued, free of queue-depth effects on the launch."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(times)
 
 
 def graph_of(fn, reps: int) -> torch.cuda.CUDAGraph:

@@ -6,9 +6,7 @@ Columns: wall us per call (host cost included, back-to-back calls; the paths of 
 turns over 5 rounds of 30 calls, in a rotating order and each after 0.1 s idle; median per path),
 the ratio
 torch/ours (>1 is faster than torch._int_mm), device us per call (a CUDA graph of 20 calls: no host
-cost), host us per call: of single calls made with the GPU idle (median of 100), and over 5 loops of
-40 back-to-back calls (median; with a queue of pending kernels this includes what a deep queue adds
-to each launch).
+cost), host us per call (median of 5 loops).
 """
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _timing import call_us, graph_us, host_us, host_us_idle, table, write_report  # noqa: E402
+from _timing import call_us, graph_us, host_us, table, write_report  # noqa: E402
 
 import cutlass_ops as ops  # noqa: E402
 
@@ -73,10 +71,9 @@ def main() -> int:
             time.sleep(0.1)
             device = graph_us(fn)
             rows.append([f"{M}x{N}x{K}", name, wall[name], f"{wall['torch._int_mm'] / wall[name]:.2f}", device,
-                         host_us_idle(fn), host_us(fn)])
+                         host_us(fn)])
     text = (f"GPU: {torch.cuda.get_device_name()}\n\n"
-            + table(["M x N x K", "kernel", "call us", "torch/ours", "device us", "host us (GPU idle)",
-                     "host us (back-to-back)"], rows))
+            + table(["M x N x K", "kernel", "call us", "torch/ours", "device us", "host us"], rows))
     write_report([text], args.out)
     return 0
 
