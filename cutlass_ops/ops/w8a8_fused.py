@@ -352,10 +352,9 @@ def linear_w8a8_fused(x2d: torch.Tensor | None, qw, bias: torch.Tensor | None = 
         planes_quantizer = _planes_quantizer() if cfg.nsplit else None
         if planes_quantizer is not None:  # QuantA writes the planes itself: no transpose launch
             A_q, rows = planes_quantizer(x2d, bs)
-            quantized_A = (A_q, rows, rows, rows)
-        else:
-            quantized_A = _activation_quantizer()(x2d, bs)
-    if rows is None:
+        else:  # fresh contiguous tensors of the right types and shapes: nothing to check again
+            A_q, sA, oA, sumA = _activation_quantizer()(x2d, bs)
+    else:
         A_q, sA, oA, sumA = _check_quantized_A(quantized_A, M, K, G, device)
     if bias is not None:
         if bias.device != device:
