@@ -18,6 +18,7 @@ from types import ModuleType
 
 from .cache import cache_dir, content_key
 from .cuda_paths import cuda_include_dirs
+from .launch_config import cu_launch_kernel_ex, switch_on
 
 __all__ = ["build", "load", "enabled", "SOURCE"]
 
@@ -32,7 +33,7 @@ _failed: str | None = None
 
 def enabled() -> bool:
     """Whether the C++ path may be used (``CUTLASS_OPS_HOST_EXT=0`` turns it off)."""
-    return os.environ.get("CUTLASS_OPS_HOST_EXT", "1").strip().lower() not in ("0", "false", "no", "off")
+    return switch_on("CUTLASS_OPS_HOST_EXT")
 
 
 def _key() -> str:
@@ -41,20 +42,19 @@ def _key() -> str:
     return content_key(SOURCE.read_bytes(), torch.__version__, sys.version.split()[0], " ".join(_CFLAGS))[:16]
 
 
-def load(build: bool = True) -> ModuleType | None:
-    """The extension module (building it first when ``build``), or None when it is unavailable."""
+def load() -> ModuleType | None:
+    """The extension module (built first if the cache lacks it), or None when it is unavailable."""
     global _module, _failed
-    if _module is not None or not enabled():
-        return _module if enabled() else None
+    if not enabled():
+        return None
+    if _module is not None:
+        return _module
     with _lock:
         if _module is not None or _failed is not None:
             return _module
         try:
-            module = _build_and_load(build)
-            if module is None:
-                _failed = "not built"
-                return None
-            module.set_launch_function(_cu_launch_kernel_ex_address())
+            module = _build_and_load()
+            module.set_launch_function(ctypes.cast(cu_launch_kernel_ex(), ctypes.c_void_p).value)
         except Exception as exc:  # no compiler / ninja / headers / driver: the Python path stays
             _failed = f"{type(exc).__name__}: {exc}"
             log.warning("C++ launch path unavailable, using the Python path: %s", _failed.splitlines()[0][:300])
@@ -65,11 +65,11 @@ def load(build: bool = True) -> ModuleType | None:
 
 def build() -> Path:
     """Build the extension into the cache (no GPU needed); the directory it is in."""
-    _build_and_load(True)
+    _build_and_load()
     return cache_dir("host_ext", _key())
 
 
-def _build_and_load(build: bool) -> ModuleType | None:
+def _build_and_load() -> ModuleType:
     from torch.utils import cpp_extension
 
     try:  # the ninja wheel's binary, for environments whose PATH lacks it (a venv run without activation)
@@ -81,8 +81,6 @@ def _build_and_load(build: bool) -> ModuleType | None:
         pass
     directory = cache_dir("host_ext", _key())
     name = "cutlass_ops_int8_gemm_launch"
-    if not build and not any(directory.glob(f"{name}*.so")):
-        return None
     directory.mkdir(parents=True, exist_ok=True)
     if not any(directory.glob(f"{name}*.so")):
         log.warning("building the C++ launch path into %s (once, about a minute; scripts/build_kernels.py "
@@ -90,8 +88,3 @@ def _build_and_load(build: bool) -> ModuleType | None:
     return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(_CFLAGS),
                               extra_include_paths=list(cuda_include_dirs()), build_directory=str(directory),
                               verbose=False)
-
-
-def _cu_launch_kernel_ex_address() -> int:
-    lib = ctypes.CDLL("libcuda.so.1")
-    return ctypes.cast(lib.cuLaunchKernelEx, ctypes.c_void_p).value

@@ -18,7 +18,7 @@ import os
 import threading
 from typing import Any
 
-__all__ = ["ExLaunch", "pdl_enabled"]
+__all__ = ["ExLaunch", "cu_launch_kernel_ex", "pdl_enabled", "switch_on"]
 
 # cuda.h: CUlaunchAttributeID values
 _ATTR_CLUSTER_DIMENSION = 4
@@ -42,7 +42,8 @@ _lib_lock = threading.Lock()
 _launch_ex = None
 
 
-def _cu_launch_kernel_ex():
+def cu_launch_kernel_ex():
+    """libcuda's ``cuLaunchKernelEx`` as a ctypes function (loaded once)."""
     global _launch_ex
     with _lib_lock:
         if _launch_ex is None:
@@ -54,9 +55,14 @@ def _cu_launch_kernel_ex():
     return _launch_ex
 
 
+def switch_on(name: str) -> bool:
+    """An on/off environment switch that defaults to on: "0", "false", "no" or "off" turn it off."""
+    return os.environ.get(name, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def pdl_enabled() -> bool:
     """Whether kernels built for it are launched with programmatic dependent launch (default on)."""
-    return os.environ.get("CUTLASS_OPS_PDL", "1").strip().lower() not in ("0", "false", "no", "off")
+    return switch_on("CUTLASS_OPS_PDL")
 
 
 class ExLaunch:
@@ -91,7 +97,7 @@ class ExLaunch:
             return call(self._config_addr, self._function, params_addr, None)
 
     def _resolve(self):
-        self._call = _cu_launch_kernel_ex()
+        self._call = cu_launch_kernel_ex()
         return self._call
 
     @property

@@ -292,7 +292,7 @@ class Int8Gemm:
                             f"unexpected {unexpected or sorted(k for k, v in inputs.items() if v is None)}")
         if out is None:
             # sizes as separate ints: torch's argument parser takes them faster than a tuple
-            out = torch.empty(M, N, dtype=self.out_dtype, device=_DEVICES.get(device) or _cuda_device(device))
+            out = torch.empty(M, N, dtype=self.out_dtype, device=_cuda_device(device))
         elif out.shape != (M, N) or out.dtype != self.out_dtype or not out.is_contiguous() or out.get_device() != device:
             raise ValueError(f"out must be a contiguous {self.out_dtype} tensor [M={M}, N={N}] on {A.device}, "
                              f"got {out.dtype} {tuple(out.shape)} on {out.device}")
@@ -397,7 +397,10 @@ _DEVICES: dict[int, torch.device] = {}  # device index -> torch.device (made onc
 
 
 def _cuda_device(index: int) -> torch.device:
-    return _DEVICES.setdefault(index, torch.device("cuda", index))
+    found = _DEVICES.get(index)
+    if found is None:
+        found = _DEVICES[index] = torch.device("cuda", index)
+    return found
 
 
 _fast_plans: dict[tuple, Int8Gemm] = {}  # (device, arch, epilogue, out_dtype, bucket index) -> plan

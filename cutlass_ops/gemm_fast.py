@@ -58,7 +58,7 @@ class FastPath:
     def register(self, M: int, N: int, K: int, nonnull: int, device: int, pointers: list[int]) -> None:
         """Hand what Python prepared for this shape to the extension: patchable Params once, or
         (kernels whose Params embed the pointers) the Params built for these pointers."""
-        state = self._kernel._states.get((M, N, K, nonnull, (), device))
+        state = self._kernel.prepared_state(M, N, K, nonnull, (), device)
         if state is None or state.shape is None:
             return
         key = (M, N, K, nonnull, device)

@@ -104,6 +104,13 @@ class _ShapeState:
     params_address: int = 0  # kernelParams for ``params``; set once the state is patched and verified
 
 
+def _patch(state: _ShapeState, pointers: Sequence[int]) -> None:
+    """Write this call's pointers into the pointer words of the state's Params."""
+    words = state.view
+    for word, slot in state.words:
+        words[word] = pointers[slot]
+
+
 class GemmKernel:
     """A built kernel loaded on the GPU, launched through cached ``Params``."""
 
@@ -244,9 +251,7 @@ class GemmKernel:
             state = self._states.get((M, N, K, nonnull, scalars, device))
             if state is not None and state.params_address:
                 with self._lock:
-                    words = state.view
-                    for word, slot in state.words:
-                        words[word] = pointers[slot]
+                    _patch(state, pointers)
                     state.shape.launch(stream, state.params_address)
                 return
         with self._lock:
@@ -259,6 +264,10 @@ class GemmKernel:
             if params is state.params and state.words is not None and state.verified:
                 state.params_address = address
             shape.launch(stream, address)
+
+    def prepared_state(self, M: int, N: int, K: int, nonnull: int, scalars: tuple, device: int) -> _ShapeState | None:
+        """The launch state a call of this shape and pointer pattern prepared, or None."""
+        return self._states.get((M, N, K, nonnull, scalars, device))
 
     def launch_state(self, M: int, N: int, K: int, pointers: Sequence[int], scalars: Sequence[float] = (),
                      device: int | None = None) -> tuple[bytes, tuple[int, int, int], tuple[int, int, int], bool]:
@@ -284,11 +293,9 @@ class GemmKernel:
             state = self._states[key] = self._prepare(M, N, K, flags, scalars, device)
         if state.words is None:
             return state, self._rebuilt(state, M, N, K, pointers)
-        words = state.view
-        if words is None:
-            words = state.view = memoryview(state.params).cast("B").cast("Q")
-        for word, slot in state.words:
-            words[word] = pointers[slot]
+        if state.view is None:
+            state.view = memoryview(state.params).cast("B").cast("Q")
+        _patch(state, pointers)
         if not state.verified and not self._verify(state, M, N, K, pointers, scalars, device):
             return state, self._rebuilt(state, M, N, K, pointers)
         return state, state.params

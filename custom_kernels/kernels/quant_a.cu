@@ -72,6 +72,14 @@ __device__ __forceinline__ int span_quantize(const T* __restrict__ xr, int8_t* _
   return sum;
 }
 
+// The block's parameters at [m * ld_param + g * g_stride] (see quant_a for the layouts).
+__device__ __forceinline__ void store_params(float* __restrict__ scale, float* __restrict__ offset,
+                                             int32_t* __restrict__ sum_q, long long p, float sc, float of, int sum) {
+  scale[p] = sc;
+  offset[p] = of;
+  sum_q[p] = sum;
+}
+
 // One thread block per (m, g): grid = M * G blocks, blockIdx.x = m * G + g. A row of x starts
 // at x + m * lda (lda in elements); A_q rows are ldq bytes apart; scale/offset/sum_q of (m, g)
 // sit at [m * ld_param + g * g_stride] ([M, G] row-major: ld_param = G, g_stride = 1; the fused
@@ -113,10 +121,7 @@ __device__ __forceinline__ void quant_a(const T* __restrict__ x, long long lda, 
   __syncthreads();
   if (tid == 0) {
     for (int w = 1; w < nwarps; ++w) sum += s_sum[w];
-    const long long p = m * ld_param + g * g_stride;
-    scale[p] = sc;
-    offset[p] = of;
-    sum_q[p] = sum;
+    store_params(scale, offset, sum_q, m * ld_param + g * g_stride, sc, of, sum);
   }
 }
 
@@ -139,12 +144,7 @@ __device__ __forceinline__ void quant_a_warp(const T* __restrict__ x, long long 
   span_min_max(xr, lane, 32, block_size, mn, mx);
   block_params(warp_min(mn), warp_max(mx), sc, of);
   const int sum = warp_sum(span_quantize(xr, qr, lane, 32, block_size, sc, of));
-  if (lane == 0) {
-    const long long p = m * ld_param + g * g_stride;
-    scale[p] = sc;
-    offset[p] = of;
-    sum_q[p] = sum;
-  }
+  if (lane == 0) store_params(scale, offset, sum_q, m * ld_param + g * g_stride, sc, of, sum);
 }
 
 // One warp per (n, g): sum_B_q[n * G + g] = sum of B_q[n, g*block_size : (g+1)*block_size].

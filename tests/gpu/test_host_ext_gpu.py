@@ -20,6 +20,12 @@ def _archs() -> list[int]:
     return [a for a in (90, 80, 75) if a <= cc and (a != 90 or cc == 90)]
 
 
+def _operands(M: int, N: int, K: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random int8 A [M, K] and B [N, K] on the GPU."""
+    return (torch.randint(-128, 128, (M, K), dtype=torch.int8, generator=g).cuda(),
+            torch.randint(-128, 128, (N, K), dtype=torch.int8, generator=g).cuda())
+
+
 def _inputs(epilogue: str, M: int, N: int, g: torch.Generator) -> dict:
     if epilogue == "none":
         return {}
@@ -42,8 +48,7 @@ def _needs_extension():
 def test_second_call_takes_the_cpp_path_with_the_same_result(arch, epilogue, M):
     g = torch.Generator().manual_seed(M + arch)
     N, K = 272, 512
-    A = torch.randint(-128, 128, (M, K), dtype=torch.int8, generator=g).cuda()
-    B = torch.randint(-128, 128, (N, K), dtype=torch.int8, generator=g).cuda()
+    A, B = _operands(M, N, K, g)
     inputs = _inputs(epilogue, M, N, g)
     first = cutlass_ops.int8_gemm(A, B, epilogue, arch=arch, **inputs)  # Python path; registers the shape
     plan = gemm._plan_for(A, 0, epilogue, arch, None)
@@ -72,8 +77,7 @@ def test_second_call_takes_the_cpp_path_with_the_same_result(arch, epilogue, M):
 def test_errors_are_the_python_paths_after_registration():
     g = torch.Generator().manual_seed(3)
     M, N, K = 32, 256, 256
-    A = torch.randint(-128, 128, (M, K), dtype=torch.int8, generator=g).cuda()
-    B = torch.randint(-128, 128, (N, K), dtype=torch.int8, generator=g).cuda()
+    A, B = _operands(M, N, K, g)
     inputs = _inputs("dequant", M, N, g)
     cutlass_ops.int8_gemm(A, B, "dequant", **inputs)
     cutlass_ops.int8_gemm(A, B, "dequant", **inputs)
@@ -91,8 +95,7 @@ def test_errors_are_the_python_paths_after_registration():
 def test_cpp_path_in_a_cuda_graph():
     g = torch.Generator().manual_seed(4)
     M, N, K = 64, 512, 512
-    A = torch.randint(-128, 128, (M, K), dtype=torch.int8, generator=g).cuda()
-    B = torch.randint(-128, 128, (N, K), dtype=torch.int8, generator=g).cuda()
+    A, B = _operands(M, N, K, g)
     inputs = _inputs("dequant", M, N, g)
     cutlass_ops.int8_gemm(A, B, "dequant", **inputs)
     torch.cuda.synchronize()
