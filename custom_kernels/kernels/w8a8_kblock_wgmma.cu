@@ -26,6 +26,9 @@
 // the column parameters as three planes [G][3][N rounded up to 4] = sB, oB, q; 0: 64 rows of all
 // 128 columns, one m64n128 wgmma, bvec float4 [G][N]). With the N split, sA holds the row
 // parameters as planes [G][3][M rounded up to 4] = sA, oA, sumA's int32 bits (oA and sumA unused).
+// W8A8W_PLANES (default W8A8W_NSPLIT; 1 needs TMA): the parameters as those planes, staged per block
+// by TMA, also without the N split (the M split's one m64n128 wgmma per k-step reads less shared
+// memory than the N split's two m64n64).
 // Dynamic shared memory: STAGES * (2*128*128 + max(1, 128/block_size)*kColBytes) + 1024 (alignment)
 // (kColBytes: 2048, N split 4096)
 // + 16 * STAGES (barriers); cutlass_ops/ops/w8a8_fused.py computes the same number.
@@ -42,6 +45,9 @@
 #endif
 #ifndef W8A8W_NSPLIT
 #define W8A8W_NSPLIT 0
+#endif
+#ifndef W8A8W_PLANES
+#define W8A8W_PLANES W8A8W_NSPLIT
 #endif
 
 
@@ -86,7 +92,7 @@ constexpr int kTilesPerBlock = BS > BK ? BS / BK : 1;
 constexpr int kTileBytes = BM * BK;              // A tile; the B tile has the same size
 // One block's parameters: M split: float4 per column; N split: three column planes (sB, oB, q) at
 // 0, 512, 1024 and three row planes (sA, oA, sumA) of the tile's 128 rows at 2048, 2560, 3072.
-constexpr int kColBytes = W8A8W_NSPLIT ? 4096 : BN * 16;
+constexpr int kColBytes = W8A8W_PLANES ? 4096 : BN * 16;
 [[maybe_unused]] constexpr int kRowPlanes = 2048;  // N split: offset of the row planes in a block's parameters
 constexpr int kStageBytes = 2 * kTileBytes + kSlots * kColBytes;
 static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle-atom alignment");
@@ -94,7 +100,8 @@ constexpr int kSmemBytes = STAGES * kStageBytes + 1024 + 16 * STAGES;
 // Per consumer warpgroup: kMB m64 slabs of kWN columns. Each thread holds 2 * kMB rows x kWN / 4
 // columns of the tile: the N split halves the columns, so each thread reads half the column
 // parameters from shared memory per block (their reads, not the tensor cores, bounded the M split).
-static_assert(!W8A8W_NSPLIT || W8A8W_TMA, "the N split's planar column parameters are loaded by TMA");
+static_assert(!W8A8W_PLANES || W8A8W_TMA, "the planar parameters are loaded by TMA");
+static_assert(W8A8W_PLANES || !W8A8W_NSPLIT, "the N split reads its parameters as planes");
 constexpr int kMB = W8A8W_NSPLIT ? 2 : 1;
 constexpr int kWN = W8A8W_NSPLIT ? 64 : 128;
 [[maybe_unused]] constexpr int kPlaneBytes = BN * 4;  // one plane of 128 floats (N split)
@@ -281,7 +288,7 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 __device__ __forceinline__ void producer_tma(const Params& p, const Ring& ring, int m0, int n0, int T,
                                              const TensorMap* map_a, const TensorMap* map_b) {
   if (threadIdx.x != 32 * kConsumerWarps) return;
-#if W8A8W_NSPLIT
+#if W8A8W_PLANES
   // three column and three row planes per block, each the tile's columns (rows) rounded up to 4
   // floats (16-byte copies)
   const uint32_t plane_bytes = static_cast<uint32_t>((min(BN, p.N - n0) + 3) & ~3) * 4u;
@@ -302,7 +309,7 @@ __device__ __forceinline__ void producer_tma(const Params& p, const Ring& ring, 
     tma_load_2d(ring.a(st), map_a, t * BK, m0, ring.full(st));
     tma_load_2d(ring.b(st), map_b, t * BK, n0, ring.full(st));
     for (int slot = 0; slot < slots; ++slot) {
-#if W8A8W_NSPLIT
+#if W8A8W_PLANES
       for (int pl = 0; pl < 3; ++pl) {
         bulk_load(ring.cols(st, slot) + pl * kPlaneBytes, planes + (3LL * (g0 + slot) + pl) * Np + n0, plane_bytes,
                   ring.full(st));
@@ -364,13 +371,15 @@ __device__ __forceinline__ void promote(const uint32_t (&acc)[64], float (&acc_f
                                         const Ring& ring, int j, int wg, int lane) {
   const int t = (j * BS) / BK;
   const uint32_t cols = ring.cols(t % STAGES, BS <= BK ? j % kSlots : 0);
-#if W8A8W_NSPLIT
-  // this thread's rows 16 warp + lane / 4 + 64 mb + 8 h of the tile, from the staged row planes
+#if W8A8W_PLANES
+  // this thread's rows (64 wg without the N split) + 16 warp + lane / 4 + 64 mb + 8 h of the tile,
+  // from the staged row planes
   RowParams r;
   const int warp = (threadIdx.x >> 5) & 3;
+  const int row0 = (W8A8W_NSPLIT ? 0 : 64 * wg) + 16 * warp + (lane >> 2);
 #pragma unroll
   for (int h = 0; h < 2 * kMB; ++h) {
-    const uint32_t at = cols + kRowPlanes + 4 * (16 * warp + (lane >> 2) + 64 * (h >> 1) + 8 * (h & 1));
+    const uint32_t at = cols + kRowPlanes + 4 * (row0 + 64 * (h >> 1) + 8 * (h & 1));
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r.sA[h]) : "r"(at));
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r.oA[h]) : "r"(at + kPlaneBytes));
     int sum;  // the third plane holds sumA's int32 bits
@@ -383,8 +392,9 @@ __device__ __forceinline__ void promote(const uint32_t (&acc)[64], float (&acc_f
 #endif
 #pragma unroll
   for (int i = 0; i < kWN / 8; ++i) {
-#if W8A8W_NSPLIT
-    const int c = 64 * wg + 8 * i + 2 * (lane & 3);  // columns c, c + 1 of the three planes
+#if W8A8W_PLANES
+    // columns c, c + 1 of the three planes (the N split: this warpgroup's 64)
+    const int c = (W8A8W_NSPLIT ? 64 * wg : 0) + 8 * i + 2 * (lane & 3);
     float2 sB, oB, q;
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(sB.x), "=f"(sB.y) : "r"(cols + c * 4));
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(oB.x), "=f"(oB.y) : "r"(cols + kPlaneBytes + c * 4));
@@ -483,7 +493,7 @@ __device__ __forceinline__ void consumer(const Params& p, const Ring& ring, int 
   issue_block(acc0, ring, wg, 0);
   wgmma_wait<0>();
   // Row parameters are loaded one block ahead of their promotion (their latency hides behind it).
-#if W8A8W_NSPLIT
+#if W8A8W_PLANES
   const RowParams r_even{}, r_odd{};  // read from shared memory in promote()
   for (int j = 0; j < G; j += 2) {
 #else
@@ -498,7 +508,7 @@ __device__ __forceinline__ void consumer(const Params& p, const Ring& ring, int 
     release(ring, j, G, lane);
     wgmma_wait<0>();
     if (j + 1 >= G) break;
-#if !W8A8W_NSPLIT
+#if !W8A8W_PLANES
     r_even = load_rows(p, r0, min(j + 2, G - 1));
 #endif
     if (j + 2 < G) issue_block(acc0, ring, wg, j + 2);

@@ -66,6 +66,12 @@ class TileConfig:
     wgmma: bool = False  # the sm_90a kernel
     tma: bool = False  # wgmma: tiles loaded by TMA (two tensor maps appended to the arguments)
     nsplit: bool = False  # wgmma + TMA: each consumer warpgroup takes 64 columns; planar column parameters
+    planes: bool = False  # wgmma + TMA: row and column parameters as planes staged by TMA (implied by nsplit)
+
+    @property
+    def uses_planes(self) -> bool:
+        """Whether the kernel reads its parameters as planes (row planes [G, 3, M rounded to 4])."""
+        return self.planes or self.nsplit
 
     @property
     def threads(self) -> int:
@@ -87,7 +93,7 @@ class TileConfig:
         """Dynamic shared memory of one CTA (the formula in the .cu file's header)."""
         slots = max(1, self.BK // block_size)
         if self.wgmma:
-            params = 4096 if self.nsplit else 16 * self.BN  # one block's parameters (see the .cu header)
+            params = 4096 if self.uses_planes else 16 * self.BN  # one block's parameters (see the .cu header)
             return self.stages * (self.BM * self.BK + self.BN * self.BK + params * slots) + 1024 + 16 * self.stages
         return self.stages * (self.BM * self.BK + self.BN * self.BK + 16 * (self.BM + self.BN) * slots) \
             + 16 * (self.BM + self.BN)
@@ -95,7 +101,7 @@ class TileConfig:
     def defines(self, block_size: int) -> dict[str, int]:
         if self.wgmma:
             return {"W8A8_BLOCK_SIZE": block_size, "W8A8W_STAGES": self.stages, "W8A8W_TMA": int(self.tma),
-                    "W8A8W_NSPLIT": int(self.nsplit)}
+                    "W8A8W_NSPLIT": int(self.nsplit), "W8A8W_PLANES": int(self.uses_planes)}
         return {
             "W8A8_BLOCK_SIZE": block_size, "W8A8_BM": self.BM, "W8A8_BN": self.BN, "W8A8_BK": self.BK,
             "W8A8_WARPS_M": self.warps_m, "W8A8_WARPS_N": self.warps_n, "W8A8_STAGES": self.stages,
@@ -114,6 +120,8 @@ TILE_CONFIGS: dict[str, TileConfig] = {c.name: c for c in (
     TileConfig("WT", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True, tma=True),
     TileConfig("WN", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True, tma=True,
                nsplit=True),
+    TileConfig("WM", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True, tma=True,
+               planes=True),
 )}
 WGMMA_CC = 90  # compute capability the wgmma variants run on (sm_90a)
 
@@ -130,6 +138,9 @@ def choose_config(M: int, N: int, cc: int = 80) -> str:
     (scripts/results/2026-11-22-nvidia-h100-bench_w8a8_fused-s4-tma.md); N split with staged row parameters:
     M=256: WN 87.9, WT 94.1; M=4096: WN 1109.0, WT 1285.1 (...-bench_w8a8_fused-s4-nsplit.md). Five-stage
     rings (W5, WT5) were never faster than four and are gone.
+    M split with planar parameters (WM), CUDA-graph us: M=128: WM 76.3, WN 73.4, M 76.5; M=256: WM 79.1,
+    WN 76.3; M=4096: WM 1150, WN 1142 (its mainloop alone is 588 us against WN's 768, but the promotion
+    bounds both; scripts/results/2026-11-22-nvidia-h100-w8a8_probe-s6.md).
     """
     del N  # every variant keeps >= 1 CTA per SM at N = 8192; N-dependent choices need more data
     if cc == WGMMA_CC and M > 128:
@@ -349,7 +360,7 @@ def linear_w8a8_fused(x2d: torch.Tensor | None, qw, bias: torch.Tensor | None = 
     rows = None  # N-split variants: the row parameters as planes [G, 3, M rounded up to 4]
     if quantized_A is None:
         x2d = x2d.contiguous()
-        planes_quantizer = _planes_quantizer() if cfg.nsplit else None
+        planes_quantizer = _planes_quantizer() if cfg.uses_planes else None
         if planes_quantizer is not None:  # QuantA writes the planes itself: no transpose launch
             A_q, rows = planes_quantizer(x2d, bs)
         else:  # fresh contiguous tensors of the right types and shapes: nothing to check again
@@ -365,7 +376,7 @@ def linear_w8a8_fused(x2d: torch.Tensor | None, qw, bias: torch.Tensor | None = 
     grid = (-(-M // cfg.BM) * -(-N // cfg.BN),)
     if rows is not None:
         sA = oA = sumA = rows
-    elif cfg.nsplit:
+    elif cfg.uses_planes:
         # row parameters as planes [G, 3, M rounded up to 4], copied per K block into shared memory
         # next to the column planes; one small kernel (w8a8_row_planes) transposes them
         Mp = -(-M // 4) * 4
@@ -375,7 +386,7 @@ def linear_w8a8_fused(x2d: torch.Tensor | None, qw, bias: torch.Tensor | None = 
         with launch_on:
             planes_kernel.launch((-(-G * M // 256),), (256,), (sA, oA, sumA, rows, M, G, Mp))
         sA = oA = sumA = rows
-    args = (A_q, sA, oA, sumA, prep["B_q"], _column_planes(prep) if cfg.nsplit else prep["bvec"], bias, out, M, N,
+    args = (A_q, sA, oA, sumA, prep["B_q"], _column_planes(prep) if cfg.uses_planes else prep["bvec"], bias, out, M, N,
             K, G, act, OUT_KIND[out_dtype])
     if cfg.tma:
         from cutlass_ops.ops.tma import tensor_map_2d
