@@ -667,7 +667,7 @@ def _build_w8a8_cases() -> None:
         refs = [_ref(cfg.kernel_file, cfg.kernel_name, cfg.defines(bs))]
         if quantize_inside:
             refs.append(_ref("quant_a.cu", f"quant_a_warp_{_DT_NAME[dtype]}"))
-        elif cfg.uses_planes:
+        elif cfg.planes:
             refs.append(_ref(cfg.kernel_file, wf.ROW_PLANES_KERNEL, cfg.defines(bs)))
         _add(f"w8a8_fused/{config}-g{bs}-{_DT_NAME[dtype]}-M129-N200-K{K_FOR_BLOCK[bs]}", "w8a8_kblock_wgmma",
              refs, run_wgmma, min_cc=wf.WGMMA_CC)

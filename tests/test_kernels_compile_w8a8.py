@@ -13,7 +13,8 @@ from custom_kernels.cuda_paths import cuda_include_dirs, nvcc_path
 from cutlass_ops.formats import QuantizedWeight, quantize_activation_reference
 from cutlass_ops.ops import w8a8_fused
 from cutlass_ops.ops.w8a8_fused import (
-    BLOCK_SIZES, KERNEL_FILE, TILE_CONFIGS, linear_w8a8_fused, prepare_weight_w8a8, quantize_activation_torch,
+    BLOCK_SIZES, KERNEL_FILE, TILE_CONFIGS, TileConfig, linear_w8a8_fused, prepare_weight_w8a8,
+    quantize_activation_torch,
 )
 
 
@@ -188,3 +189,10 @@ def test_hopper_build_uses_int8_tensor_cores(tmp_path):
     path.write_bytes(cubin.data)
     sass = subprocess.run(["cuobjdump", "-sass", str(path)], capture_output=True, text=True).stdout
     assert "IMMA.16832.S8.S8" in sass and "LDSM" in sass and "LDGSTS" in sass
+
+
+def test_n_split_without_planes_is_refused():
+    with pytest.raises(ValueError, match="planes"):
+        TileConfig("bad", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True,
+                   tma=True, nsplit=True)
+    assert TILE_CONFIGS["WN"].defines(128)["W8A8W_PLANES"] == 1 and TILE_CONFIGS["WM"].defines(128)["W8A8W_NSPLIT"] == 0

@@ -125,7 +125,17 @@ __device__ __forceinline__ void quant_a(const T* __restrict__ x, long long lda, 
   }
 }
 
-// One warp per (m, g), item = blockIdx.x * warps per block + warp, items = M * G: the same values
+// The (row, block) item of this warp, item = blockIdx.x * warps per block + warp, for rows * G items;
+// false past the last one (uniform per warp).
+__device__ __forceinline__ bool warp_item(int rows, int G, int& r, int& g) {
+  const long long item = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (item >= static_cast<long long>(rows) * G) return false;
+  r = static_cast<int>(item / G);
+  g = static_cast<int>(item - static_cast<long long>(r) * G);
+  return true;
+}
+
+// One warp per (m, g) (warp_item over M * G items): the same values
 // as quant_a with the reductions done by shuffles alone (no shared memory, no block barrier). The
 // block-per-item launch spent most of its time in tiny blocks: 184 us for 4096 x 8192 fp16 at
 // block 128 on an H100 (scripts/results/...-bench_w8a8-s4-wn.md).
@@ -135,9 +145,8 @@ __device__ __forceinline__ void quant_a_warp(const T* __restrict__ x, long long 
                                              int32_t* __restrict__ sum_q, long long ld_param, long long g_stride,
                                              int G, int block_size, int M) {
   const int lane = threadIdx.x & 31;
-  const long long item = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (item >= static_cast<long long>(M) * G) return;  // uniform per warp
-  const int m = static_cast<int>(item / G), g = static_cast<int>(item - static_cast<long long>(m) * G);
+  int m, g;
+  if (!warp_item(M, G, m, g)) return;
   const T* xr = x + m * lda + static_cast<long long>(g) * block_size;
   int8_t* qr = A_q + m * ldq + static_cast<long long>(g) * block_size;
   float mn, mx, sc, of;
@@ -151,9 +160,8 @@ __device__ __forceinline__ void quant_a_warp(const T* __restrict__ x, long long 
 __device__ __forceinline__ void sum_bq(const int8_t* __restrict__ B_q, long long ldb, int32_t* __restrict__ sum_B_q,
                                        int N, int G, int block_size) {
   const int lane = threadIdx.x & 31;
-  const long long item = static_cast<long long>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (item >= static_cast<long long>(N) * G) return;  // uniform per warp
-  const int n = static_cast<int>(item / G), g = static_cast<int>(item - static_cast<long long>(n) * G);
+  int n, g;
+  if (!warp_item(N, G, n, g)) return;
   const int8_t* row = B_q + n * ldb + static_cast<long long>(g) * block_size;
   int acc = 0;
   if ((reinterpret_cast<unsigned long long>(row) & 3ull) == 0 && (block_size & 3) == 0) {
@@ -164,7 +172,7 @@ __device__ __forceinline__ void sum_bq(const int8_t* __restrict__ B_q, long long
     for (int k = lane; k < block_size; k += 32) acc += row[k];
   }
   acc = warp_sum(acc);
-  if (lane == 0) sum_B_q[item] = acc;
+  if (lane == 0) sum_B_q[static_cast<long long>(n) * G + g] = acc;
 }
 
 }  // namespace quant

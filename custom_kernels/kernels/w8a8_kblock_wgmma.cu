@@ -26,11 +26,11 @@
 // the column parameters as three planes [G][3][N rounded up to 4] = sB, oB, q; 0: 64 rows of all
 // 128 columns, one m64n128 wgmma, bvec float4 [G][N]). With the N split, sA holds the row
 // parameters as planes [G][3][M rounded up to 4] = sA, oA, sumA's int32 bits (oA and sumA unused).
-// W8A8W_PLANES (default W8A8W_NSPLIT; 1 needs TMA): the parameters as those planes, staged per block
-// by TMA, also without the N split (the M split's one m64n128 wgmma per k-step reads less shared
-// memory than the N split's two m64n64).
+// W8A8W_PLANES (default W8A8W_NSPLIT; 1 needs TMA, the N split needs it): the parameters as those
+// planes, staged per block by TMA, also without the N split (the M split's one m64n128 wgmma per
+// k-step reads less shared memory than the N split's two m64n64).
 // Dynamic shared memory: STAGES * (2*128*128 + max(1, 128/block_size)*kColBytes) + 1024 (alignment)
-// (kColBytes: 2048, N split 4096)
+// (kColBytes: 2048, planes 4096)
 // + 16 * STAGES (barriers); cutlass_ops/ops/w8a8_fused.py computes the same number.
 #include "w8a8_kblock_common.cuh"
 
@@ -90,10 +90,10 @@ constexpr int kStepsPerBlock = BS / 32;          // wgmma k32 steps per K block
 constexpr int kSlots = BK / BS > 0 ? BK / BS : 1;  // blocks whose column parameters a stage holds
 constexpr int kTilesPerBlock = BS > BK ? BS / BK : 1;
 constexpr int kTileBytes = BM * BK;              // A tile; the B tile has the same size
-// One block's parameters: M split: float4 per column; N split: three column planes (sB, oB, q) at
+// One block's parameters: float4 per column; planes: three column planes (sB, oB, q) at
 // 0, 512, 1024 and three row planes (sA, oA, sumA) of the tile's 128 rows at 2048, 2560, 3072.
 constexpr int kColBytes = W8A8W_PLANES ? 4096 : BN * 16;
-[[maybe_unused]] constexpr int kRowPlanes = 2048;  // N split: offset of the row planes in a block's parameters
+[[maybe_unused]] constexpr int kRowPlanes = 2048;  // planes: offset of the row planes in a block's parameters
 constexpr int kStageBytes = 2 * kTileBytes + kSlots * kColBytes;
 static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle-atom alignment");
 constexpr int kSmemBytes = STAGES * kStageBytes + 1024 + 16 * STAGES;
@@ -104,7 +104,7 @@ static_assert(!W8A8W_PLANES || W8A8W_TMA, "the planar parameters are loaded by T
 static_assert(W8A8W_PLANES || !W8A8W_NSPLIT, "the N split reads its parameters as planes");
 constexpr int kMB = W8A8W_NSPLIT ? 2 : 1;
 constexpr int kWN = W8A8W_NSPLIT ? 64 : 128;
-[[maybe_unused]] constexpr int kPlaneBytes = BN * 4;  // one plane of 128 floats (N split)
+[[maybe_unused]] constexpr int kPlaneBytes = BN * 4;  // one plane of 128 floats (planes)
 
 // A CUtensorMap: 128 opaque bytes made by cuTensorMapEncodeTiled, passed by value.
 struct alignas(64) TensorMap {
@@ -582,7 +582,7 @@ extern "C" __global__ void __launch_bounds__(cuops::w8a8w::kThreads, 1)
 #endif
 }
 
-// The N split's row parameters as planes [G][3][Mp] = sA, oA, sumA's int32 bits, Mp = M rounded up
+// The planar variants' row parameters as planes [G][3][Mp] = sA, oA, sumA's int32 bits, Mp = M rounded up
 // to 4 (16-byte copies per block), from pre-quantized [M][G] inputs (QuantA inside the call writes
 // the planes itself): one thread per (g, m), consecutive threads on consecutive m, so the plane
 // rows are written coalesced.

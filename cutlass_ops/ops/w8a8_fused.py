@@ -37,7 +37,7 @@ KERNEL_NAME = "w8a8_kblock_gemm"
 # variants: plus the tensor maps of A and B), sm_90a only.
 WGMMA_KERNEL_FILE = "w8a8_kblock_wgmma.cu"
 WGMMA_KERNEL_NAME = "w8a8_kblock_wgmma"
-ROW_PLANES_KERNEL = "w8a8_row_planes"  # N-split variants: sA, oA, sumA [M, G] -> planes [G, 3, M rounded to 4]
+ROW_PLANES_KERNEL = "w8a8_row_planes"  # planar variants: sA, oA, sumA [M, G] -> planes [G, 3, M rounded to 4]
 # A_q, sA, oA, sumA, B_q, bvec, bias, D, M, N, K, G, act, out_kind
 SIGNATURE = "PPPPPPPPiiiiii"
 BLOCK_SIZES = (32, 64, 128, 256)  # |Cq| <= 2^22 (the kernel's exact int->float trick) needs bs <= 256
@@ -65,13 +65,12 @@ class TileConfig:
     offset_lag: int = 1  # offset terms one k-step after the int32 -> fp32 step (spreads FP work)
     wgmma: bool = False  # the sm_90a kernel
     tma: bool = False  # wgmma: tiles loaded by TMA (two tensor maps appended to the arguments)
-    nsplit: bool = False  # wgmma + TMA: each consumer warpgroup takes 64 columns; planar column parameters
-    planes: bool = False  # wgmma + TMA: row and column parameters as planes staged by TMA (implied by nsplit)
+    nsplit: bool = False  # wgmma + planes: each consumer warpgroup takes 64 columns (two m64n64 wgmmas)
+    planes: bool = False  # wgmma + TMA: row and column parameters as planes [G, 3, rows rounded to 4], staged by TMA
 
-    @property
-    def uses_planes(self) -> bool:
-        """Whether the kernel reads its parameters as planes (row planes [G, 3, M rounded to 4])."""
-        return self.planes or self.nsplit
+    def __post_init__(self):
+        if self.nsplit and not self.planes:
+            raise ValueError(f"tile config {self.name!r}: the N split reads its parameters as planes (planes=True)")
 
     @property
     def threads(self) -> int:
@@ -93,7 +92,7 @@ class TileConfig:
         """Dynamic shared memory of one CTA (the formula in the .cu file's header)."""
         slots = max(1, self.BK // block_size)
         if self.wgmma:
-            params = 4096 if self.uses_planes else 16 * self.BN  # one block's parameters (see the .cu header)
+            params = 4096 if self.planes else 16 * self.BN  # one block's parameters (see the .cu header)
             return self.stages * (self.BM * self.BK + self.BN * self.BK + params * slots) + 1024 + 16 * self.stages
         return self.stages * (self.BM * self.BK + self.BN * self.BK + 16 * (self.BM + self.BN) * slots) \
             + 16 * (self.BM + self.BN)
@@ -101,7 +100,7 @@ class TileConfig:
     def defines(self, block_size: int) -> dict[str, int]:
         if self.wgmma:
             return {"W8A8_BLOCK_SIZE": block_size, "W8A8W_STAGES": self.stages, "W8A8W_TMA": int(self.tma),
-                    "W8A8W_NSPLIT": int(self.nsplit), "W8A8W_PLANES": int(self.uses_planes)}
+                    "W8A8W_NSPLIT": int(self.nsplit), "W8A8W_PLANES": int(self.planes)}
         return {
             "W8A8_BLOCK_SIZE": block_size, "W8A8_BM": self.BM, "W8A8_BN": self.BN, "W8A8_BK": self.BK,
             "W8A8_WARPS_M": self.warps_m, "W8A8_WARPS_N": self.warps_n, "W8A8_STAGES": self.stages,
@@ -119,7 +118,7 @@ TILE_CONFIGS: dict[str, TileConfig] = {c.name: c for c in (
     TileConfig("W", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True),
     TileConfig("WT", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True, tma=True),
     TileConfig("WN", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True, tma=True,
-               nsplit=True),
+               planes=True, nsplit=True),
     TileConfig("WM", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True, tma=True,
                planes=True),
 )}
@@ -175,7 +174,7 @@ def _kernel_for(config_name: str, block_size: int, device_index: int):
 
 @functools.lru_cache(maxsize=None)
 def _row_planes_kernel(config_name: str, block_size: int, device_index: int):
-    """The row-parameter transpose of the N-split variants (from the same module as the GEMM)."""
+    """The row-parameter transpose of the planar variants (from the same module as the GEMM)."""
     from cutlass_ops.ops._loader import load_kernel, target_arch
 
     cfg = TILE_CONFIGS[config_name]
@@ -278,7 +277,7 @@ def prepare_weight_w8a8(qw, device=None) -> dict:
 
 def _column_planes(prep: dict) -> torch.Tensor:
     """bvec's (sB, oB, q) as planes [G, 3, N rounded up to 4] (zero padding: 16-byte copies of each
-    plane) for the N-split variants; made on their first use and kept in the prepared weight."""
+    plane) for the planar variants; made on their first use and kept in the prepared weight."""
     planes = prep.get("bplanes")
     if planes is None:
         G, N, bvec = prep["G"], prep["N"], prep["bvec"]
@@ -357,10 +356,10 @@ def linear_w8a8_fused(x2d: torch.Tensor | None, qw, bias: torch.Tensor | None = 
     current = torch.cuda.current_device()
     index = current if device.index is None else device.index
     cfg = TILE_CONFIGS[config or choose_config(M, N, _capability(index))]
-    rows = None  # N-split variants: the row parameters as planes [G, 3, M rounded up to 4]
+    rows = None  # planar variants: the row parameters as planes [G, 3, M rounded up to 4]
     if quantized_A is None:
         x2d = x2d.contiguous()
-        planes_quantizer = _planes_quantizer() if cfg.uses_planes else None
+        planes_quantizer = _planes_quantizer() if cfg.planes else None
         if planes_quantizer is not None:  # QuantA writes the planes itself: no transpose launch
             A_q, rows = planes_quantizer(x2d, bs)
         else:  # fresh contiguous tensors of the right types and shapes: nothing to check again
@@ -376,7 +375,7 @@ def linear_w8a8_fused(x2d: torch.Tensor | None, qw, bias: torch.Tensor | None = 
     grid = (-(-M // cfg.BM) * -(-N // cfg.BN),)
     if rows is not None:
         sA = oA = sumA = rows
-    elif cfg.uses_planes:
+    elif cfg.planes:
         # row parameters as planes [G, 3, M rounded up to 4], copied per K block into shared memory
         # next to the column planes; one small kernel (w8a8_row_planes) transposes them
         Mp = -(-M // 4) * 4
@@ -386,7 +385,7 @@ def linear_w8a8_fused(x2d: torch.Tensor | None, qw, bias: torch.Tensor | None = 
         with launch_on:
             planes_kernel.launch((-(-G * M // 256),), (256,), (sA, oA, sumA, rows, M, G, Mp))
         sA = oA = sumA = rows
-    args = (A_q, sA, oA, sumA, prep["B_q"], _column_planes(prep) if cfg.uses_planes else prep["bvec"], bias, out, M, N,
+    args = (A_q, sA, oA, sumA, prep["B_q"], _column_planes(prep) if cfg.planes else prep["bvec"], bias, out, M, N,
             K, G, act, OUT_KIND[out_dtype])
     if cfg.tma:
         from cutlass_ops.ops.tma import tensor_map_2d

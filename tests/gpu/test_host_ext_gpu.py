@@ -36,6 +36,15 @@ def _inputs(epilogue: str, M: int, N: int, g: torch.Generator) -> dict:
                 bias=torch.randn(N, generator=g).cuda())
 
 
+def _registered_dequant(M: int, N: int, K: int, seed: int):
+    """(generator, A, B, dequant inputs) after one int8_gemm call, which registers the shape."""
+    g = torch.Generator().manual_seed(seed)
+    A, B = _operands(M, N, K, g)
+    inputs = _inputs("dequant", M, N, g)
+    cutlass_ops.int8_gemm(A, B, "dequant", **inputs)
+    return g, A, B, inputs
+
+
 @pytest.fixture(autouse=True)
 def _needs_extension():
     if host_ext.load() is None:
@@ -75,11 +84,8 @@ def test_second_call_takes_the_cpp_path_with_the_same_result(arch, epilogue, M):
 
 
 def test_errors_are_the_python_paths_after_registration():
-    g = torch.Generator().manual_seed(3)
-    M, N, K = 32, 256, 256
-    A, B = _operands(M, N, K, g)
-    inputs = _inputs("dequant", M, N, g)
-    cutlass_ops.int8_gemm(A, B, "dequant", **inputs)
+    M, N = 32, 256
+    _, A, B, inputs = _registered_dequant(M, N, 256, seed=3)
     cutlass_ops.int8_gemm(A, B, "dequant", **inputs)
     with pytest.raises(ValueError, match="scale_col"):
         cutlass_ops.int8_gemm(A, B, "dequant", **{**inputs, "scale_col": torch.ones(N + 8, device="cuda")})
@@ -93,11 +99,8 @@ def test_errors_are_the_python_paths_after_registration():
 
 
 def test_cpp_path_in_a_cuda_graph():
-    g = torch.Generator().manual_seed(4)
     M, N, K = 64, 512, 512
-    A, B = _operands(M, N, K, g)
-    inputs = _inputs("dequant", M, N, g)
-    cutlass_ops.int8_gemm(A, B, "dequant", **inputs)
+    g, A, B, inputs = _registered_dequant(M, N, K, seed=4)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
