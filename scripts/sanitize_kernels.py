@@ -653,11 +653,13 @@ def _build_w8a8_cases() -> None:
                                     ("W", 128, torch.float32, True), ("W", 256, torch.float16, False),
                                     ("WT", 32, torch.bfloat16, True), ("WT", 256, torch.float32, False),
                                     ("WN", 32, torch.float16, True), ("WN", 64, torch.bfloat16, False),
-                                    ("WN", 128, torch.float32, True), ("WN", 256, torch.bfloat16, True)):
+                                    ("WN", 128, torch.float32, True), ("WN", 256, torch.bfloat16, True),
+                                    ("WP", 32, torch.bfloat16, False), ("WP", 64, torch.float16, True),
+                                    ("WP", 128, torch.float32, False), ("WP", 256, torch.float16, True)):
         cfg = wf.TILE_CONFIGS[config]
-        # WN at block 64 quantizes inside the call (QuantA writes the row planes); the others pass
-        # pre-quantized A (the N split then transposes the row parameters itself)
-        quantize_inside = config == "WN" and bs == 64
+        # WN and WP at block 64 quantize inside the call (QuantA writes the row planes); the others
+        # pass pre-quantized A (the planar variants then transpose the row parameters themselves)
+        quantize_inside = config in ("WN", "WP") and bs == 64
         def run_wgmma(config=config, bs=bs, dtype=dtype, bias=bias, quantize_inside=quantize_inside):
             M, N, K = 129, 200, K_FOR_BLOCK[bs]
             qw = _w8a8_weight(N, K, bs)
@@ -671,7 +673,7 @@ def _build_w8a8_cases() -> None:
             refs.append(_ref(cfg.kernel_file, wf.ROW_PLANES_KERNEL, cfg.defines(bs)))
         _add(f"w8a8_fused/{config}-g{bs}-{_DT_NAME[dtype]}-M129-N200-K{K_FOR_BLOCK[bs]}", "w8a8_kblock_wgmma",
              refs, run_wgmma, min_cc=wf.WGMMA_CC)
-    done = {p[0] for p in plan} | {"W", "WT", "WN"}
+    done = {p[0] for p in plan} | {"W", "WT", "WN", "WP"}
     for c in sorted(set(wf.TILE_CONFIGS) - done):  # variants added later
         def run_extra(c=c):
             qw = _w8a8_weight(200, 4160, 64)

@@ -98,6 +98,8 @@ def test_smem_formula_matches_the_kernel_header():
     assert TILE_CONFIGS["W"].smem_bytes(32) == 4 * (2 * 128 * 128 + 4 * 128 * 16) + 1024 + 16 * 4
     # N split: 4096 bytes of column and row planes per block
     assert TILE_CONFIGS["WN"].smem_bytes(32) == 4 * (2 * 128 * 128 + 4 * 4096) + 1024 + 16 * 4
+    # ping-pong 128 x 192: A 128 x 128 + B 192 x 128 + one 4096-byte parameter slot per stage
+    assert TILE_CONFIGS["WP"].smem_bytes(128) == 4 * (128 * 128 + 192 * 128 + 4096) + 1024 + 16 * 4
     for cfg in TILE_CONFIGS.values():
         for bs in BLOCK_SIZES:
             assert cfg.smem_bytes(bs) <= 227 * 1024, (cfg.name, bs)  # Hopper's per-block limit
@@ -196,3 +198,33 @@ def test_n_split_without_planes_is_refused():
         TileConfig("bad", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True,
                    tma=True, nsplit=True)
     assert TILE_CONFIGS["WN"].defines(128)["W8A8W_PLANES"] == 1 and TILE_CONFIGS["WM"].defines(128)["W8A8W_NSPLIT"] == 0
+
+
+def _wgmma_config(**kw):
+    args = dict(BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True, tma=True,
+                planes=True)
+    args.update(kw)
+    return TileConfig("bad", **args)
+
+
+def test_ping_pong_and_wide_tile_rules():
+    with pytest.raises(ValueError, match="ping-pong consumer is the M split"):
+        _wgmma_config(pingpong=True, nsplit=True)
+    with pytest.raises(ValueError, match="ping-pong consumer is the M split"):
+        _wgmma_config(pingpong=True, planes=False)
+    with pytest.raises(ValueError, match="BN = 192 needs the ping-pong"):
+        _wgmma_config(BN=192)
+    with pytest.raises(ValueError, match="BN = 128 or 192"):
+        _wgmma_config(BN=256, pingpong=True)
+    with pytest.raises(ValueError, match="128 x BN x 128"):
+        _wgmma_config(BM=64, pingpong=True)
+    wp = TILE_CONFIGS["WP"].defines(128)
+    assert (wp["W8A8W_BN"], wp["W8A8W_PINGPONG"], wp["W8A8W_NSPLIT"]) == (192, 1, 0)
+    assert TILE_CONFIGS["WN"].defines(128)["W8A8W_PINGPONG"] == 0
+
+
+def test_hopper_default_by_M():
+    cc = w8a8_fused.WGMMA_CC
+    assert w8a8_fused.choose_config(w8a8_fused.WP_MIN_M, 8192, cc=cc) == "WP"
+    assert w8a8_fused.choose_config(w8a8_fused.WP_MIN_M - 1, 8192, cc=cc) == "WN"
+    assert w8a8_fused.choose_config(4096, 8192, cc=80) != "WP"

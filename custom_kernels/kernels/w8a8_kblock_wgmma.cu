@@ -8,15 +8,17 @@
 //         bvec float4 [G, N] = {sB, oB, q, 0}; bias float32 [N] or null; D [M, N] f32/f16/bf16.
 // K % block_size == 0 and K % 16 == 0 (checked in Python); M, N arbitrary.
 //
-// Structure (sm_90a only): a 128 x 128 output tile per CTA. Warps 0-7 are two consumer
+// Structure (sm_90a only): a 128 x 128 (or 128 x 192) output tile per CTA. Warps 0-7 are two consumer
 // warpgroups (64 rows each, or with the N split 64 columns each), warps 8-11 the producer
 // warpgroup. The producer fills a STAGES-deep ring of 128-wide K tiles of A and B (cp.async, 16 B
 // per thread, or TMA from one thread, written in the 128-byte swizzle that wgmma descriptors read)
 // plus each block's parameters, and signals "full" on an mbarrier; the consumers signal "empty"
-// when a stage is consumed. What bounds it on an H100 is the load/store unit feeding the promotion
-// its parameters (ncu), which the N split halves per thread; the default build is TMA + N split. Each consumer issues block j+1's wgmmas into
-// one int32 accumulator set and, while the tensor cores run them, promotes block j's set into
-// the fp32 accumulators (ping-pong): the FP32 pipe's promotion overlaps the tensor pipe.
+// when a stage is consumed. Each consumer issues block j+1's wgmmas into one int32 accumulator
+// set and, while the tensor cores run them, promotes block j's set into the fp32 accumulators
+// (two int32 sets); or, with W8A8W_PINGPONG, the two consumer warpgroups hold one set each and
+// take turns on the tensor cores. On an H100 the promotion (per element and block: I2FP, FMUL,
+// three FFMA) does not overlap the tensor work in either form and bounds the kernel; the defaults
+// are TMA + N split (WN) and, from M = 2048, the ping-pong with 128 x 192 tiles (WP).
 // No atomics, no int32 matrix in memory.
 //
 // Compile-time configuration: W8A8_BLOCK_SIZE (32/64/128/256), W8A8W_STAGES (>= 4; default 4),
@@ -28,8 +30,10 @@
 // parameters as planes [G][3][M rounded up to 4] = sA, oA, sumA's int32 bits (oA and sumA unused).
 // W8A8W_PLANES (default W8A8W_NSPLIT; 1 needs TMA, the N split needs it): the parameters as those
 // planes, staged per block by TMA, also without the N split (the M split's one m64n128 wgmma per
-// k-step reads less shared memory than the N split's two m64n64).
-// Dynamic shared memory: STAGES * (2*128*128 + max(1, 128/block_size)*kColBytes) + 1024 (alignment)
+// k-step reads less shared memory than the N split's two m64n64). W8A8W_PINGPONG (1, planes and the
+// M split): one int32 set per consumer warpgroup, the two take turns on the tensor cores (see
+// consumer_pingpong); W8A8W_BN (128, or 192 with the ping-pong: one m64n192 wgmma per k-step).
+// Dynamic shared memory: STAGES * (128*128 + BN*128 + max(1, 128/block_size)*kColBytes) + 1024 (alignment)
 // (kColBytes: 2048, planes 4096)
 // + 16 * STAGES (barriers); cutlass_ops/ops/w8a8_fused.py computes the same number.
 #include "w8a8_kblock_common.cuh"
@@ -48,6 +52,12 @@
 #endif
 #ifndef W8A8W_PLANES
 #define W8A8W_PLANES W8A8W_NSPLIT
+#endif
+#ifndef W8A8W_BN
+#define W8A8W_BN 128
+#endif
+#ifndef W8A8W_PINGPONG
+#define W8A8W_PINGPONG 0
 #endif
 
 
@@ -80,7 +90,11 @@ constexpr int kMaxLag = STAGES - 2 * (BS > 128 ? BS / 128 : 1);  // 128: the K t
 static_assert(kMaxLag >= 0, "block 256 spans two K tiles: it needs at least 4 stages");
 constexpr int kLag = kMaxLag < 1 ? kMaxLag : 1;
 
-constexpr int BM = 128, BN = 128, BK = 128;     // CTA tile; BK bytes = one 128-byte swizzle row
+constexpr int BM = 128, BN = W8A8W_BN, BK = 128;  // CTA tile; BK bytes = one 128-byte swizzle row
+static_assert(BN == 128 || (BN == 192 && W8A8W_PLANES && !W8A8W_NSPLIT),
+              "BN = 192 (one m64n192 wgmma per warpgroup) needs the planes and the M split");
+static_assert(!W8A8W_PINGPONG || (W8A8W_PLANES && !W8A8W_NSPLIT), "the ping-pong consumer is the M split with planes");
+static_assert(BN == 128 || W8A8W_PINGPONG, "two int32 sets of 96 and the fp32 set do not fit in 240 registers");
 constexpr int kConsumerWarps = 8;                // two warpgroups of 64 rows
 constexpr int kThreads = 32 * kConsumerWarps + 128;  // + the producer warpgroup
 // Register split (setmaxnreg): 2 x 128 consumer threads at 240 and 128 producer threads at 24
@@ -89,12 +103,16 @@ constexpr int kConsumerRegs = 240, kProducerRegs = 24;
 constexpr int kStepsPerBlock = BS / 32;          // wgmma k32 steps per K block
 constexpr int kSlots = BK / BS > 0 ? BK / BS : 1;  // blocks whose column parameters a stage holds
 constexpr int kTilesPerBlock = BS > BK ? BS / BK : 1;
-constexpr int kTileBytes = BM * BK;              // A tile; the B tile has the same size
-// One block's parameters: float4 per column; planes: three column planes (sB, oB, q) at
-// 0, 512, 1024 and three row planes (sA, oA, sumA) of the tile's 128 rows at 2048, 2560, 3072.
+constexpr int kTileBytes = BM * BK;              // A tile
+constexpr int kTileBytesB = BN * BK;             // B tile
+// One block's parameters: float4 per column; planes: three column planes (sB, oB, q) of the
+// tile's BN columns, then three row planes (sA, oA, sumA) of its 128 rows, in 4096 bytes.
 constexpr int kColBytes = W8A8W_PLANES ? 4096 : BN * 16;
-[[maybe_unused]] constexpr int kRowPlanes = 2048;  // planes: offset of the row planes in a block's parameters
-constexpr int kStageBytes = 2 * kTileBytes + kSlots * kColBytes;
+[[maybe_unused]] constexpr int kPlaneBytes = BN * 4;          // planes: one column plane
+[[maybe_unused]] constexpr int kRowPlaneBytes = BM * 4;       // planes: one row plane
+[[maybe_unused]] constexpr int kRowPlanes = 3 * kPlaneBytes;  // planes: offset of the row planes
+static_assert(!W8A8W_PLANES || 3 * (kPlaneBytes + kRowPlaneBytes) <= kColBytes, "the planes overflow their slot");
+constexpr int kStageBytes = kTileBytes + kTileBytesB + kSlots * kColBytes;
 static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle-atom alignment");
 constexpr int kSmemBytes = STAGES * kStageBytes + 1024 + 16 * STAGES;
 // Per consumer warpgroup: kMB m64 slabs of kWN columns. Each thread holds 2 * kMB rows x kWN / 4
@@ -103,8 +121,8 @@ constexpr int kSmemBytes = STAGES * kStageBytes + 1024 + 16 * STAGES;
 static_assert(!W8A8W_PLANES || W8A8W_TMA, "the planar parameters are loaded by TMA");
 static_assert(W8A8W_PLANES || !W8A8W_NSPLIT, "the N split reads its parameters as planes");
 constexpr int kMB = W8A8W_NSPLIT ? 2 : 1;
-constexpr int kWN = W8A8W_NSPLIT ? 64 : 128;
-[[maybe_unused]] constexpr int kPlaneBytes = BN * 4;  // one plane of 128 floats (planes)
+constexpr int kWN = W8A8W_NSPLIT ? 64 : BN;
+constexpr int kAcc = kMB * kWN / 2;  // registers per thread of one accumulator set (int32 or fp32)
 
 // A CUtensorMap: 128 opaque bytes made by cuTensorMapEncodeTiled, passed by value.
 struct alignas(64) TensorMap {
@@ -167,7 +185,7 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 __device__ __forceinline__ void fence_reg(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
 // D(64x128, s32) (+)= A(64x32, s8, smem) * B(128x32, s8, smem)^T; scale_d = 0 starts from zero.
-__device__ __forceinline__ void wgmma_m64n128k32(uint32_t (&d)[64], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+__device__ __forceinline__ void wgmma_m64n128k32(uint32_t* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
@@ -201,13 +219,49 @@ __device__ __forceinline__ void wgmma_m64n64k32(uint32_t* d, uint64_t desc_a, ui
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
+// D(64x192, s32) (+)= A(64x32, s8, smem) * B(192x32, s8, smem)^T; scale_d = 0 starts from zero.
+__device__ __forceinline__ void wgmma_m64n192k32(uint32_t* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n192k32.s32.s8.s8 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, "
+      "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, "
+      "%88, %89, %90, %91, %92, %93, %94, %95}, "
+      "%96, %97, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
+        "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
+        "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
+        "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
+        "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+
+// Named barrier `id` over `count` threads (ids 1.., 0 is __syncthreads): bar.sync waits for the
+// count, bar.arrive adds this warp without waiting.
+__device__ __forceinline__ void named_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 struct Ring {
   uint32_t base;  // shared address of stage 0 (1024-aligned)
   uint32_t bars;  // full[STAGES] then empty[STAGES], 8 bytes each
   __device__ __forceinline__ uint32_t a(int st) const { return base + st * kStageBytes; }
-  __device__ __forceinline__ uint32_t b(int st) const { return base + st * kStageBytes + kTileBytes; }
+  __device__ __forceinline__ uint32_t b(int st) const { return base + st * kStageBytes + kTileBytes; }  // after A
   __device__ __forceinline__ uint32_t cols(int st, int slot) const {
-    return base + st * kStageBytes + 2 * kTileBytes + slot * kColBytes;
+    return base + st * kStageBytes + kTileBytes + kTileBytesB + slot * kColBytes;
   }
   __device__ __forceinline__ uint32_t full(int st) const { return bars + 8 * st; }
   __device__ __forceinline__ uint32_t empty(int st) const { return bars + 8 * (STAGES + st); }
@@ -305,7 +359,7 @@ __device__ __forceinline__ void producer_tma(const Params& p, const Ring& ring, 
     const int g0 = t / kTilesPerBlock * kSlots;  // first block whose column parameters this tile brings
     const bool cols = t % kTilesPerBlock == 0;
     const int slots = cols ? min(kSlots, p.G - g0) : 0;
-    mbar_arrive_expect_tx(ring.full(st), 2u * kTileBytes + slots * col_bytes);
+    mbar_arrive_expect_tx(ring.full(st), static_cast<uint32_t>(kTileBytes + kTileBytesB) + slots * col_bytes);
     tma_load_2d(ring.a(st), map_a, t * BK, m0, ring.full(st));
     tma_load_2d(ring.b(st), map_b, t * BK, n0, ring.full(st));
     for (int slot = 0; slot < slots; ++slot) {
@@ -313,7 +367,7 @@ __device__ __forceinline__ void producer_tma(const Params& p, const Ring& ring, 
       for (int pl = 0; pl < 3; ++pl) {
         bulk_load(ring.cols(st, slot) + pl * kPlaneBytes, planes + (3LL * (g0 + slot) + pl) * Np + n0, plane_bytes,
                   ring.full(st));
-        bulk_load(ring.cols(st, slot) + kRowPlanes + pl * kPlaneBytes, p.sA + (3LL * (g0 + slot) + pl) * Mp + m0,
+        bulk_load(ring.cols(st, slot) + kRowPlanes + pl * kRowPlaneBytes, p.sA + (3LL * (g0 + slot) + pl) * Mp + m0,
                   row_bytes, ring.full(st));
       }
 #else
@@ -325,9 +379,9 @@ __device__ __forceinline__ void producer_tma(const Params& p, const Ring& ring, 
 #endif
 
 // Issue block j's wgmmas (its bs/32 k-steps) into acc; one commit group per block.
-__device__ __forceinline__ void issue_block(uint32_t (&acc)[64], const Ring& ring, int wg, int j) {
+__device__ __forceinline__ void issue_block(uint32_t (&acc)[kAcc], const Ring& ring, int wg, int j) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) fence_reg(acc[i]);
+  for (int i = 0; i < kAcc; ++i) fence_reg(acc[i]);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < kStepsPerBlock; ++kk) {
@@ -342,7 +396,10 @@ __device__ __forceinline__ void issue_block(uint32_t (&acc)[64], const Ring& rin
 #else
     const uint64_t da = sw128_desc(ring.a(st) + wg * 64 * BK + sub * 32);
     const uint64_t db = sw128_desc(ring.b(st) + sub * 32);
-    wgmma_m64n128k32(acc, da, db, kk);
+    if constexpr (BN == 192)
+      wgmma_m64n192k32(acc, da, db, kk);
+    else
+      wgmma_m64n128k32(acc, da, db, kk);
 #endif
   }
   wgmma_commit();
@@ -367,7 +424,7 @@ __device__ __forceinline__ RowParams load_rows(const Params& p, int r0, int j) {
 }
 
 // acc_f += sA*(sB*Cq + sumA*oB) + oA*q for block j, whose int32 sums acc holds (wgmma done).
-__device__ __forceinline__ void promote(const uint32_t (&acc)[64], float (&acc_f)[64], const RowParams& rows,
+__device__ __forceinline__ void promote(const uint32_t (&acc)[kAcc], float (&acc_f)[kAcc], const RowParams& rows,
                                         const Ring& ring, int j, int wg, int lane) {
   const int t = (j * BS) / BK;
   const uint32_t cols = ring.cols(t % STAGES, BS <= BK ? j % kSlots : 0);
@@ -381,9 +438,9 @@ __device__ __forceinline__ void promote(const uint32_t (&acc)[64], float (&acc_f
   for (int h = 0; h < 2 * kMB; ++h) {
     const uint32_t at = cols + kRowPlanes + 4 * (row0 + 64 * (h >> 1) + 8 * (h & 1));
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r.sA[h]) : "r"(at));
-    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r.oA[h]) : "r"(at + kPlaneBytes));
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(r.oA[h]) : "r"(at + kRowPlaneBytes));
     int sum;  // the third plane holds sumA's int32 bits
-    asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(sum) : "r"(at + 2 * kPlaneBytes));
+    asm volatile("ld.shared.s32 %0, [%1];\n" : "=r"(sum) : "r"(at + 2 * kRowPlaneBytes));
     r.sumA[h] = static_cast<float>(sum);  // exact: |sumA| <= 128 * 256 < 2^24
   }
   (void)rows;
@@ -456,7 +513,7 @@ __device__ __forceinline__ void store_pair(const Params& p, int m, int n, float 
 
 // Rows r0 + 64 * mb + 8 * h, columns c0 + 8 * i + 2 * (lane & 3) + {0, 1} of this thread.
 template <typename T>
-__device__ __forceinline__ void epilogue(const Params& p, const float (&acc_f)[64], int r0, int c0, int lane) {
+__device__ __forceinline__ void epilogue(const Params& p, const float (&acc_f)[kAcc], int r0, int c0, int lane) {
 #pragma unroll
   for (int i = 0; i < kWN / 8; ++i) {
     const int n = c0 + 8 * i + 2 * (lane & 3);
@@ -479,10 +536,10 @@ __device__ __forceinline__ void consumer(const Params& p, const Ring& ring, int 
   // M split: warpgroup wg has rows 64 wg.. of every column; N split: columns 64 wg.. of every row
   const int r0 = m0 + (W8A8W_NSPLIT ? 0 : 64 * wg) + 16 * warp + (lane >> 2);
   const int c0 = n0 + (W8A8W_NSPLIT ? 64 * wg : 0);
-  uint32_t acc0[64], acc1[64];
-  float acc_f[64];
+  uint32_t acc0[kAcc], acc1[kAcc];
+  float acc_f[kAcc];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < kAcc; ++i) {
     acc0[i] = acc1[i] = 0u;
     acc_f[i] = 0.0f;
   }
@@ -503,7 +560,7 @@ __device__ __forceinline__ void consumer(const Params& p, const Ring& ring, int 
 #endif
     if (j + 1 < G) issue_block(acc1, ring, wg, j + 1);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) fence_reg(acc0[i]);
+    for (int i = 0; i < kAcc; ++i) fence_reg(acc0[i]);
     promote(acc0, acc_f, r_even, ring, j, wg, lane);
     release(ring, j, G, lane);
     wgmma_wait<0>();
@@ -513,7 +570,7 @@ __device__ __forceinline__ void consumer(const Params& p, const Ring& ring, int 
 #endif
     if (j + 2 < G) issue_block(acc0, ring, wg, j + 2);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) fence_reg(acc1[i]);
+    for (int i = 0; i < kAcc; ++i) fence_reg(acc1[i]);
     promote(acc1, acc_f, r_odd, ring, j + 1, wg, lane);
     release(ring, j + 1, G, lane);
     wgmma_wait<0>();
@@ -524,6 +581,50 @@ __device__ __forceinline__ void consumer(const Params& p, const Ring& ring, int 
     epilogue<__nv_bfloat16>(p, acc_f, r0, c0, lane);
   else
     epilogue<float>(p, acc_f, r0, c0, lane);
+}
+
+// Ping-pong between the two warpgroups (W8A8W_PINGPONG): each holds ONE int32 set and takes
+// turns with the other to issue its block's wgmmas (named barriers 1 and 2), so the tensor cores
+// queue the two warpgroups' blocks in turn and each promotes while the other's block runs; the
+// freed second int32 set pays for BN = 192 (one m64n192 wgmma per k-step, 48 KB of wgmma reads
+// per 192 columns where the M split reads 48 KB per 128). On an H100 (M = 4096, N = K = 8192,
+// block 128) passing the turn at issue measured faster than after wait_group 1 or 2 (977 vs 1018
+// and 1001 us).
+__device__ __forceinline__ void consumer_pingpong(const Params& p, const Ring& ring, int m0, int n0) {
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int r0 = m0 + 64 * wg + 16 * warp + (lane >> 2);
+  uint32_t acc[kAcc];
+  float acc_f[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) {
+    acc[i] = 0u;
+    acc_f[i] = 0.0f;
+  }
+  const RowParams rows{};  // read from the staged planes in promote()
+  constexpr int kTurnThreads = 2 * 128;  // one warpgroup arrives, the other waits
+  const int my_turn = 1 + wg, other_turn = 2 - wg;  // barrier ids
+  const int G = p.G;
+  // Each issues once the other has issued its previous block; warpgroup 1's arrive ahead lets
+  // warpgroup 0 go first. The loop has no warpgroup-dependent branch (ptxas would serialize the
+  // wgmmas behind a warpgroup arrive in a divergent path, C7520).
+  if (wg == 1) named_arrive(other_turn, kTurnThreads);
+  for (int j = 0; j < G; ++j) {
+    named_sync(my_turn, kTurnThreads);
+    issue_block(acc, ring, wg, j);
+    named_arrive(other_turn, kTurnThreads);
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) fence_reg(acc[i]);
+    promote(acc, acc_f, rows, ring, j, wg, lane);
+    release(ring, j, G, lane);
+  }
+  if (wg == 0) named_sync(my_turn, kTurnThreads);  // warpgroup 1's arrive after its last block
+  if (p.out_kind == 1)
+    epilogue<__half>(p, acc_f, r0, n0, lane);
+  else if (p.out_kind == 2)
+    epilogue<__nv_bfloat16>(p, acc_f, r0, n0, lane);
+  else
+    epilogue<float>(p, acc_f, r0, n0, lane);
 }
 
 #endif  // W8A8W_HAS_WGMMA
@@ -574,7 +675,11 @@ extern "C" __global__ void __launch_bounds__(cuops::w8a8w::kThreads, 1)
 #endif
   } else {
     setmaxnreg_inc<kConsumerRegs>();
+#if W8A8W_PINGPONG
+    consumer_pingpong(p, ring, m0, n0);
+#else
     consumer(p, ring, m0, n0);
+#endif
   }
 #else
   // Only sm_90a has wgmma; Python launches this kernel on compute capability 9.0 only.

@@ -52,7 +52,8 @@ class TileConfig:
     """One compiled variant of the kernel: CTA tile BM x BN, K tile BK, warp grid, pipeline depth.
 
     ``wgmma`` variants are the Hopper kernel (w8a8_kblock_wgmma.cu): two consumer warpgroups of
-    64 rows plus a producer warpgroup, a fixed 128 x 128 x 128 tile; only ``stages`` varies."""
+    64 rows plus a producer warpgroup, a 128 x BN x 128 tile (BN = 128, or 192 with the ping-pong
+    consumer)."""
 
     name: str
     BM: int
@@ -67,10 +68,19 @@ class TileConfig:
     tma: bool = False  # wgmma: tiles loaded by TMA (two tensor maps appended to the arguments)
     nsplit: bool = False  # wgmma + planes: each consumer warpgroup takes 64 columns (two m64n64 wgmmas)
     planes: bool = False  # wgmma + TMA: row and column parameters as planes [G, 3, rows rounded to 4], staged by TMA
+    pingpong: bool = False  # wgmma + planes, M split: one int32 set per warpgroup, the two take turns on the tensor cores
 
     def __post_init__(self):
         if self.nsplit and not self.planes:
             raise ValueError(f"tile config {self.name!r}: the N split reads its parameters as planes (planes=True)")
+        if self.pingpong and (not self.planes or self.nsplit):
+            raise ValueError(f"tile config {self.name!r}: the ping-pong consumer is the M split with planes")
+        if self.wgmma and (self.BM, self.BK) != (128, 128):
+            raise ValueError(f"tile config {self.name!r}: the wgmma kernel's tile is 128 x BN x 128")
+        if self.wgmma and self.BN not in (128, 192):
+            raise ValueError(f"tile config {self.name!r}: the wgmma kernel takes BN = 128 or 192, not {self.BN}")
+        if self.wgmma and self.BN == 192 and not self.pingpong:
+            raise ValueError(f"tile config {self.name!r}: BN = 192 needs the ping-pong consumer (pingpong=True)")
 
     @property
     def threads(self) -> int:
@@ -100,7 +110,8 @@ class TileConfig:
     def defines(self, block_size: int) -> dict[str, int]:
         if self.wgmma:
             return {"W8A8_BLOCK_SIZE": block_size, "W8A8W_STAGES": self.stages, "W8A8W_TMA": int(self.tma),
-                    "W8A8W_NSPLIT": int(self.nsplit), "W8A8W_PLANES": int(self.planes)}
+                    "W8A8W_NSPLIT": int(self.nsplit), "W8A8W_PLANES": int(self.planes), "W8A8W_BN": self.BN,
+                    "W8A8W_PINGPONG": int(self.pingpong)}
         return {
             "W8A8_BLOCK_SIZE": block_size, "W8A8_BM": self.BM, "W8A8_BN": self.BN, "W8A8_BK": self.BK,
             "W8A8_WARPS_M": self.warps_m, "W8A8_WARPS_N": self.warps_n, "W8A8_STAGES": self.stages,
@@ -121,8 +132,11 @@ TILE_CONFIGS: dict[str, TileConfig] = {c.name: c for c in (
                planes=True, nsplit=True),
     TileConfig("WM", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True, tma=True,
                planes=True),
+    TileConfig("WP", BM=128, BN=192, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True, tma=True,
+               planes=True, pingpong=True),
 )}
 WGMMA_CC = 90  # compute capability the wgmma variants run on (sm_90a)
+WP_MIN_M = 2048  # from this M the 128 x 192 ping-pong tiles fill the SMs (choose_config)
 
 
 def choose_config(M: int, N: int, cc: int = 80) -> str:
@@ -140,8 +154,13 @@ def choose_config(M: int, N: int, cc: int = 80) -> str:
     M split with planar parameters (WM), CUDA-graph us: M=128: WM 76.3, WN 73.4, M 76.5; M=256: WM 79.1,
     WN 76.3; M=4096: WM 1150, WN 1142 (its mainloop alone is 588 us against WN's 768, but the promotion
     bounds both; scripts/results/2026-11-22-nvidia-h100-w8a8_probe-s6.md).
+    Ping-pong consumer with 128 x 192 tiles (WP), CUDA-graph us, WN / WP: M=256 76.8 / 99.7 (86 CTAs
+    on 132 SMs); M=512 146.4 / 195.9; M=1024 288.0 / 284.6; M=2048 572.2 / 567.1; M=4096 1139 / 1007
+    (scripts/results/2026-11-22-nvidia-h100-w8a8_probe-s7.md).
     """
     del N  # every variant keeps >= 1 CTA per SM at N = 8192; N-dependent choices need more data
+    if cc == WGMMA_CC and M >= WP_MIN_M:
+        return "WP"
     if cc == WGMMA_CC and M > 128:
         return "WN"
     if M <= 16:
