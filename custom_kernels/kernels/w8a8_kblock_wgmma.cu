@@ -184,6 +184,11 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // Keeps the compiler from moving accesses of r across the asynchronous wgmma boundaries.
 __device__ __forceinline__ void fence_reg(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
+// Eight accumulator operands d[i..i+7] of a wgmma asm statement (read and written).
+#define W8A8W_D8(i)                                                                              \
+  "+r"(d[(i)]), "+r"(d[(i) + 1]), "+r"(d[(i) + 2]), "+r"(d[(i) + 3]), "+r"(d[(i) + 4]), "+r"(d[(i) + 5]), \
+      "+r"(d[(i) + 6]), "+r"(d[(i) + 7])
+
 // D(64x128, s32) (+)= A(64x32, s8, smem) * B(128x32, s8, smem)^T; scale_d = 0 starts from zero.
 __device__ __forceinline__ void wgmma_m64n128k32(uint32_t* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
@@ -193,14 +198,8 @@ __device__ __forceinline__ void wgmma_m64n128k32(uint32_t* d, uint64_t desc_a, u
       "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
       "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
       "%64, %65, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
-        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
-        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
-        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+      : W8A8W_D8(0), W8A8W_D8(8), W8A8W_D8(16), W8A8W_D8(24), W8A8W_D8(32), W8A8W_D8(40),
+        W8A8W_D8(48), W8A8W_D8(56)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -212,10 +211,7 @@ __device__ __forceinline__ void wgmma_m64n64k32(uint32_t* d, uint64_t desc_a, ui
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
       "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
       "%32, %33, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+      : W8A8W_D8(0), W8A8W_D8(8), W8A8W_D8(16), W8A8W_D8(24)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -230,18 +226,8 @@ __device__ __forceinline__ void wgmma_m64n192k32(uint32_t* d, uint64_t desc_a, u
       "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, "
       "%88, %89, %90, %91, %92, %93, %94, %95}, "
       "%96, %97, p;\n}\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-        "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-        "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-        "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
-        "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
-        "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
-        "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]),
-        "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]),
-        "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]),
-        "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]),
-        "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95])
+      : W8A8W_D8(0), W8A8W_D8(8), W8A8W_D8(16), W8A8W_D8(24), W8A8W_D8(32), W8A8W_D8(40),
+        W8A8W_D8(48), W8A8W_D8(56), W8A8W_D8(64), W8A8W_D8(72), W8A8W_D8(80), W8A8W_D8(88)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
@@ -259,7 +245,7 @@ struct Ring {
   uint32_t base;  // shared address of stage 0 (1024-aligned)
   uint32_t bars;  // full[STAGES] then empty[STAGES], 8 bytes each
   __device__ __forceinline__ uint32_t a(int st) const { return base + st * kStageBytes; }
-  __device__ __forceinline__ uint32_t b(int st) const { return base + st * kStageBytes + kTileBytes; }  // after A
+  __device__ __forceinline__ uint32_t b(int st) const { return base + st * kStageBytes + kTileBytes; }
   __device__ __forceinline__ uint32_t cols(int st, int slot) const {
     return base + st * kStageBytes + kTileBytes + kTileBytesB + slot * kColBytes;
   }
@@ -531,6 +517,16 @@ __device__ __forceinline__ void epilogue(const Params& p, const float (&acc_f)[k
   }
 }
 
+// The epilogue in the output type the launch asked for (out_kind 0 f32, 1 f16, 2 bf16).
+__device__ __forceinline__ void store_output(const Params& p, const float (&acc_f)[kAcc], int r0, int c0, int lane) {
+  if (p.out_kind == 1)
+    epilogue<__half>(p, acc_f, r0, c0, lane);
+  else if (p.out_kind == 2)
+    epilogue<__nv_bfloat16>(p, acc_f, r0, c0, lane);
+  else
+    epilogue<float>(p, acc_f, r0, c0, lane);
+}
+
 __device__ __forceinline__ void consumer(const Params& p, const Ring& ring, int m0, int n0) {
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   // M split: warpgroup wg has rows 64 wg.. of every column; N split: columns 64 wg.. of every row
@@ -575,12 +571,7 @@ __device__ __forceinline__ void consumer(const Params& p, const Ring& ring, int 
     release(ring, j + 1, G, lane);
     wgmma_wait<0>();
   }
-  if (p.out_kind == 1)
-    epilogue<__half>(p, acc_f, r0, c0, lane);
-  else if (p.out_kind == 2)
-    epilogue<__nv_bfloat16>(p, acc_f, r0, c0, lane);
-  else
-    epilogue<float>(p, acc_f, r0, c0, lane);
+  store_output(p, acc_f, r0, c0, lane);
 }
 
 // Ping-pong between the two warpgroups (W8A8W_PINGPONG): each holds ONE int32 set and takes
@@ -619,12 +610,7 @@ __device__ __forceinline__ void consumer_pingpong(const Params& p, const Ring& r
     release(ring, j, G, lane);
   }
   if (wg == 0) named_sync(my_turn, kTurnThreads);  // warpgroup 1's arrive after its last block
-  if (p.out_kind == 1)
-    epilogue<__half>(p, acc_f, r0, n0, lane);
-  else if (p.out_kind == 2)
-    epilogue<__nv_bfloat16>(p, acc_f, r0, n0, lane);
-  else
-    epilogue<float>(p, acc_f, r0, n0, lane);
+  store_output(p, acc_f, r0, n0, lane);
 }
 
 #endif  // W8A8W_HAS_WGMMA
