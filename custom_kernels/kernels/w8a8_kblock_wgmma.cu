@@ -36,6 +36,7 @@
 // Dynamic shared memory: STAGES * (128*128 + BN*128 + max(1, 128/block_size)*kColBytes) + 1024 (alignment)
 // (kColBytes: 2048, planes 4096)
 // + 16 * STAGES (barriers); cutlass_ops/ops/w8a8_fused.py computes the same number.
+#include "sm90_wgmma.cuh"
 #include "w8a8_kblock_common.cuh"
 
 #ifndef W8A8_BLOCK_SIZE
@@ -61,11 +62,7 @@
 #endif
 
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define W8A8W_HAS_WGMMA 1
-#else
-#define W8A8W_HAS_WGMMA 0
-#endif
+#define W8A8W_HAS_WGMMA CUOPS_HAS_SM90A
 
 namespace cuops {
 namespace w8a8w {
@@ -132,114 +129,7 @@ struct alignas(64) TensorMap {
 
 #if W8A8W_HAS_WGMMA
 
-// cp.async writes through the generic proxy and wgmma reads shared memory through the async
-// proxy: the writer orders the two with this fence before it signals the stage full.
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-// Spin until the barrier's phase with this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-// wgmma shared-memory descriptor of a K-major tile in the 128-byte swizzle: rows of 128 bytes,
-// 8-row atoms of 1024 bytes (stride byte offset), start address in 16-byte units; the leading
-// byte offset is unused for swizzled K-major layouts. Advancing k by 32 bytes inside the atom
-// only moves the start address: the hardware applies the XOR swizzle to the final address.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
-  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-}
-
-// Orders this thread's earlier register accesses before later wgmma reads/writes of them.
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-
-// Keeps the compiler from moving accesses of r across the asynchronous wgmma boundaries.
-__device__ __forceinline__ void fence_reg(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
-
-// Eight accumulator operands d[i..i+7] of a wgmma asm statement (read and written).
-#define W8A8W_D8(i)                                                                              \
-  "+r"(d[(i)]), "+r"(d[(i) + 1]), "+r"(d[(i) + 2]), "+r"(d[(i) + 3]), "+r"(d[(i) + 4]), "+r"(d[(i) + 5]), \
-      "+r"(d[(i) + 6]), "+r"(d[(i) + 7])
-
-// D(64x128, s32) (+)= A(64x32, s8, smem) * B(128x32, s8, smem)^T; scale_d = 0 starts from zero.
-__device__ __forceinline__ void wgmma_m64n128k32(uint32_t* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
-      "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p;\n}\n"
-      : W8A8W_D8(0), W8A8W_D8(8), W8A8W_D8(16), W8A8W_D8(24), W8A8W_D8(32), W8A8W_D8(40),
-        W8A8W_D8(48), W8A8W_D8(56)
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-// D(64x64, s32) (+)= A(64x32, s8, smem) * B(64x32, s8, smem)^T; scale_d = 0 starts from zero.
-__device__ __forceinline__ void wgmma_m64n64k32(uint32_t* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p;\n}\n"
-      : W8A8W_D8(0), W8A8W_D8(8), W8A8W_D8(16), W8A8W_D8(24)
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-// D(64x192, s32) (+)= A(64x32, s8, smem) * B(192x32, s8, smem)^T; scale_d = 0 starts from zero.
-__device__ __forceinline__ void wgmma_m64n192k32(uint32_t* d, uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n192k32.s32.s8.s8 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
-      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, "
-      "%66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, "
-      "%88, %89, %90, %91, %92, %93, %94, %95}, "
-      "%96, %97, p;\n}\n"
-      : W8A8W_D8(0), W8A8W_D8(8), W8A8W_D8(16), W8A8W_D8(24), W8A8W_D8(32), W8A8W_D8(40),
-        W8A8W_D8(48), W8A8W_D8(56), W8A8W_D8(64), W8A8W_D8(72), W8A8W_D8(80), W8A8W_D8(88)
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-
-// Named barrier `id` over `count` threads (ids 1.., 0 is __syncthreads): bar.sync waits for the
-// count, bar.arrive adds this warp without waiting.
-__device__ __forceinline__ void named_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
+using namespace ::cuops::sm90;  // mbarriers, copies, descriptors, wgmma (sm90_wgmma.cuh)
 
 struct Ring {
   uint32_t base;  // shared address of stage 0 (1024-aligned)
@@ -303,25 +193,6 @@ __device__ __forceinline__ void producer(const Params& p, const Ring& ring, int 
 }
 
 #if W8A8W_TMA
-// Arrive once and expect `bytes` more to land (counted down by the copies' complete_tx).
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Box (c0 = K byte, c1 = row) of a 2-D tensor map into shared memory, in the map's swizzle;
-// out-of-bounds bytes are written as zeros and count towards the barrier's bytes.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const TensorMap* map, int c0, int c1, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-// Contiguous global -> shared copy (16-byte aligned, a multiple of 16 bytes) counted on the barrier.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
 // TMA producer: one thread issues every copy of K tile t (A and B boxes, plus the column
 // parameters of the blocks starting in it) on stage t % STAGES once the consumers freed it. The
 // copy engine writes the 128-byte swizzle and zero-fills the ragged M/N/K edges.

@@ -15,7 +15,7 @@
 // PARAMS 0 scales in registers; 1 read from shared memory per block as WP reads them.
 // LOADS  0 operands fixed in shared memory; 1 one producer thread bulk-copies each block's A and B
 //        tiles (40 KB) from global memory into a 4-stage ring (full / empty mbarriers), as WP's TMA.
-#include "common.cuh"  // fixed-width integer types under NVRTC
+#include "sm90_wgmma.cuh"  // the W8A8 kernel's mbarriers, bulk copies, descriptors and wgmma
 
 #ifndef MODE
 #define MODE 0
@@ -37,72 +37,28 @@ constexpr int kTileA = BM * BK, kTileB = BN * BK, kParamBytes = 4096;
 constexpr int kStageBytes = kTileA + kTileB + kParamBytes;
 constexpr int kAcc = BN / 2;  // int32 (and fp32) accumulators per thread of one m64n192 set
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  } while (!done);
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Contiguous global -> shared copy on the copy engine, counted on the barrier (TMA's traffic, unswizzled).
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-// K-major 128-byte-swizzle descriptor, as the W8A8 kernel's.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
-  return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(1) << 16) |
-         (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
-}
-__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+#if CUOPS_HAS_SM90A
+using namespace ::cuops::sm90;
 
 // Keeps the compiler from moving accesses of the accumulators across the wgmma boundaries.
 __device__ __forceinline__ void fence_acc(uint32_t (&acc)[kAcc]) {
 #pragma unroll
-  for (int i = 0; i < kAcc; ++i) asm volatile("" : "+r"(acc[i])::"memory");
+  for (int i = 0; i < kAcc; ++i) fence_reg(acc[i]);
 }
 
-#define PROBE_D8(i) "+r"(d[(i)]), "+r"(d[(i) + 1]), "+r"(d[(i) + 2]), "+r"(d[(i) + 3]), "+r"(d[(i) + 4]), \
-                    "+r"(d[(i) + 5]), "+r"(d[(i) + 6]), "+r"(d[(i) + 7])
 // One K block (four k32 steps) of this warpgroup's 64 rows x 192 columns into d, as one commit group;
 // the first step starts from zero unless `chain` (then no block's sums are dead: ptxas removes
 // wgmmas whose results nothing reads).
 __device__ __forceinline__ void issue_block(uint32_t (&d)[kAcc], uint32_t a, uint32_t b, bool chain = false) {
   fence_acc(d);
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    const uint64_t da = sw128_desc(a + kk * 32), db = sw128_desc(b + kk * 32);
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n192k32.s32.s8.s8 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
-        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
-        "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, "
-        "%85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, p;\n}\n"
-        : PROBE_D8(0), PROBE_D8(8), PROBE_D8(16), PROBE_D8(24), PROBE_D8(32), PROBE_D8(40), PROBE_D8(48),
-          PROBE_D8(56), PROBE_D8(64), PROBE_D8(72), PROBE_D8(80), PROBE_D8(88)
-        : "l"(da), "l"(db), "r"(chain ? 1 : kk));
-  }
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  for (int kk = 0; kk < 4; ++kk) wgmma_m64n192k32(d, sw128_desc(a + kk * 32), sw128_desc(b + kk * 32), chain ? 1 : kk);
+  wgmma_commit();
 }
-#undef PROBE_D8
 
 __device__ __forceinline__ void wait_block(uint32_t (&d)[kAcc]) {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  wgmma_wait<0>();
   fence_acc(d);
 }
 
@@ -178,7 +134,7 @@ __device__ __forceinline__ void promote(const uint32_t (&acc)[kAcc], float (&acc
 extern "C" __global__ void __launch_bounds__(384, 1)
     wgmma_overlap(const uint8_t* __restrict__ src, long long wrap, const float* __restrict__ scale,
                   float* __restrict__ out, long long* __restrict__ clk, int G) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if CUOPS_HAS_SM90A
   using namespace probe;
   extern __shared__ __align__(1024) uint8_t smem[];
   const uint32_t base = (static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + 1023u) & ~1023u;
@@ -197,7 +153,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
   const long long t0 = clock64();
   const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31;
   if (wg == 2) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    setmaxnreg_dec<24>();
 #if LOADS
     if (threadIdx.x == 256) {
       for (int t = 0; t < G; ++t) {
@@ -212,7 +168,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
 #endif
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  setmaxnreg_inc<240>();
   const int row0 = 64 * wg + 16 * ((threadIdx.x >> 5) & 3) + (lane >> 2);
   uint32_t acc[kAcc];
   float acc_f[kAcc];
@@ -246,16 +202,16 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     }
   }
 #else
-  if (MODE == 0 && wg == 1) named_arrive(1);  // warpgroup 0 goes first
+  if (MODE == 0 && wg == 1) named_arrive(1, 256);  // warpgroup 0 goes first
   for (int j = 0; j < G; ++j) {
     const int st = LOADS ? j % kStages : 0;
-    if (MODE == 0) named_sync(1 + wg);
+    if (MODE == 0) named_sync(1 + wg, 256);
 #if LOADS
     mbar_wait(bars + 8 * st, (j / kStages) & 1);
 #endif
     const uint32_t a = base + st * kStageBytes;
     issue_block(acc, a + wg * 64 * BK, a + kTileA);
-    if (MODE == 0) named_arrive(2 - wg);
+    if (MODE == 0) named_arrive(2 - wg, 256);
     wait_block(acc);
     promote(acc, acc_f, s, a + kTileA + kTileB, row0, lane);
 #if LOADS
@@ -263,7 +219,7 @@ extern "C" __global__ void __launch_bounds__(384, 1)
     if (lane == 0) mbar_arrive(bars + 8 * (kStages + st));
 #endif
   }
-  if (MODE == 0 && wg == 0) named_sync(1);  // warpgroup 1's arrive after its last block
+  if (MODE == 0 && wg == 0) named_sync(1, 256);  // warpgroup 1's arrive after its last block
 #endif
   if ((threadIdx.x & 127) == 0) clk[3 * blockIdx.x + wg] = clock64() - t0;
   float sum = 0.0f;
