@@ -1,0 +1,104 @@
+"""The one per-weight cache: everything derived from a ``QuantizedWeight`` once, for every family.
+
+A weight's entry is found by the identity of its tensors (``qweight``, ``scale``, ``offset``) and
+trusted only while each is alive, at the same address and at the same in-place ``_version``: a
+replaced tensor or an in-place change (``qw.scale.mul_(2)``) rebuilds everything derived from it.
+Entries hold only weak references to the weight's tensors, so freeing a weight frees its plans
+(and the GPU tensors they derived, such as packed scale/offset words). Nothing is stored on the
+``QuantizedWeight`` itself: it pickles and deep-copies as plain data.
+
+Bounded: at most :data:`MAX_WEIGHTS` weights and :data:`MAX_PLANS_PER_WEIGHT` plans per weight,
+least recently used first out (a server that sees many M keeps a bounded set of plans).
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, TypeVar
+
+__all__ = ["MAX_WEIGHTS", "MAX_PLANS_PER_WEIGHT", "WeightEntry", "entry", "plan", "clear", "stats"]
+
+MAX_WEIGHTS = 4096
+MAX_PLANS_PER_WEIGHT = 64
+
+T = TypeVar("T")
+
+
+class WeightEntry:
+    """What the runtime derived from one weight: its plans (LRU) and the fields last validated."""
+
+    __slots__ = ("signature", "refs", "plans", "validated", "__weakref__")
+
+    def __init__(self, signature: tuple, refs: tuple):
+        self.signature = signature
+        self.refs = refs
+        self.plans: OrderedDict[Any, Any] = OrderedDict()
+        self.validated: tuple | None = None  # the field values last checked by QuantizedWeight.validate
+
+
+_lock = threading.RLock()  # reentrant: a weakref callback may run inside a locked section
+_entries: OrderedDict[tuple, WeightEntry] = OrderedDict()
+
+
+def _signature(qw) -> tuple:
+    q, s, o = qw.qweight, qw.scale, qw.offset
+    return (q.data_ptr(), s.data_ptr(), o.data_ptr(), q._version, s._version, o._version)
+
+
+def _drop(key: tuple) -> Callable[[Any], None]:
+    def callback(_ref) -> None:
+        with _lock:
+            _entries.pop(key, None)
+    return callback
+
+
+def entry(qw) -> WeightEntry:
+    """The cache entry of ``qw`` (a fresh one if its tensors changed since the last call)."""
+    q, s, o = qw.qweight, qw.scale, qw.offset
+    key = (id(q), id(s), id(o))
+    sig = _signature(qw)
+    found = _entries.get(key)
+    if found is not None and found.signature == sig:
+        refs = found.refs
+        if refs[0]() is q and refs[1]() is s and refs[2]() is o:
+            return found
+    with _lock:
+        callback = _drop(key)
+        found = WeightEntry(sig, (weakref.ref(q, callback), weakref.ref(s, callback), weakref.ref(o, callback)))
+        _entries[key] = found
+        _entries.move_to_end(key)
+        while len(_entries) > MAX_WEIGHTS:
+            _entries.popitem(last=False)
+    return found
+
+
+def plan(qw, key: Any, build: Callable[[], T]) -> T:
+    """The plan of ``qw`` under ``key``, built by ``build()`` on a miss (and kept, LRU-bounded)."""
+    e = entry(qw)
+    plans = e.plans
+    found = plans.get(key)
+    if found is not None:
+        if len(plans) > 1:
+            with _lock:
+                if key in plans:
+                    plans.move_to_end(key)
+        return found
+    built = build()
+    with _lock:
+        plans[key] = built
+        while len(plans) > MAX_PLANS_PER_WEIGHT:
+            plans.popitem(last=False)
+    return built
+
+
+def clear() -> None:
+    """Forget every weight's plans."""
+    with _lock:
+        _entries.clear()
+
+
+def stats() -> dict[str, int]:
+    """{"weights": cached weights, "plans": plans over all of them} (the soak test reads this)."""
+    with _lock:
+        return {"weights": len(_entries), "plans": sum(len(e.plans) for e in _entries.values())}
