@@ -18,7 +18,7 @@ from types import ModuleType
 
 from .cache import cache_dir, content_key
 from .cuda_paths import cuda_include_dirs
-from .launch_config import cu_launch_kernel_ex, switch_on
+from .launch import cu_launch_kernel_ex, switch_on
 
 __all__ = ["build", "load", "enabled", "SOURCE"]
 
@@ -83,7 +83,7 @@ def _build_and_load() -> ModuleType:
     name = "cutlass_ops_int8_gemm_launch"
     directory.mkdir(parents=True, exist_ok=True)
     if not any(directory.glob(f"{name}*.so")):
-        log.warning("building the C++ launch path into %s (once, about a minute; scripts/build_kernels.py "
+        log.info("building the C++ launch path into %s (once, about a minute; scripts/build_kernels.py "
                     "builds it ahead of time)", directory)
     return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(_CFLAGS),
                               extra_include_paths=list(cuda_include_dirs()), build_directory=str(directory),

@@ -36,7 +36,7 @@ def _run(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
 
 def test_bridge_import_restores_the_shared_space_bytes(tmp_path):
     result = _run(tmp_path, (
-        "import cutlass_ops.bridge\n"
+        "import cutlass_ops.cutlass.bridge\n"
         "assert SHARED_SPACE[0] == 32, SHARED_SPACE\n"
         "ns = {}\n"
         "exec(compile('key = f\"{16} {16} {8}\"', 'probe', 'exec'), ns)\n"
@@ -47,7 +47,8 @@ def test_bridge_import_restores_the_shared_space_bytes(tmp_path):
 
 def test_emission_after_an_nvrtc_compile(tmp_path):
     result = _run(tmp_path, (
-        "from cutlass_ops.gemm_build import GemmKernelSpec, emit\n"
+        "from cutlass_ops.cutlass.emit import emit\n"
+        "from cutlass_ops.cutlass.spec import GemmKernelSpec\n"
         "for kernel_cc, target in ((80, '90'), (90, '90a')):\n"
         "    emitted = emit(GemmKernelSpec(kernel_cc=kernel_cc, target_arch=target, epilogue='dequant',\n"
         "                                  element_D='f16'))\n"

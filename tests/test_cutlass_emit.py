@@ -20,15 +20,18 @@ import pytest
 import torch
 
 import epilogues
-from cutlass_ops import gemm as gemm_api
-from cutlass_ops import gemm_build
-from cutlass_ops.gemm_args import ArgumentLayout, argument_layout, interface_arguments
-from cutlass_ops.gemm_build import CutlassBuildError, GemmKernelSpec, emit
-from cutlass_ops.gemm_launch import GemmKernel, _load_host_library
+import cutlass_ops
+from cutlass_ops import cutlass as gemm_api
+from cutlass_ops.cutlass import build as gemm_build
+from cutlass_ops.cutlass import emit as gemm_emit
+from cutlass_ops.cutlass.arguments import ArgumentLayout, argument_layout, interface_arguments
+from cutlass_ops.cutlass.emit import CutlassBuildError, emit
+from cutlass_ops.cutlass.kernel import GemmKernel, _load_host_library
+from cutlass_ops.cutlass.spec import GemmKernelSpec
 
 REPO = Path(__file__).resolve().parents[1]
 EVT_EPILOGUES = [name for name in epilogues.names() if epilogues.get(name).evt]
-EXAMPLE = (gemm_build.EXAMPLE_M, gemm_build.EXAMPLE_N, gemm_build.EXAMPLE_K)
+EXAMPLE = (gemm_emit.EXAMPLE_M, gemm_emit.EXAMPLE_N, gemm_emit.EXAMPLE_K)
 
 
 def _spec(kernel_cc: int, epilogue: str = "none", element_D: str | None = None, bucket: str = "small"):
@@ -48,7 +51,7 @@ def test_bridge_import_writes_nothing_to_cwd_and_restores_tempdir(tmp_path):
         "import os, tempfile\n"
         "tempfile.tempdir = os.path.abspath('..')\n"
         "before = tempfile.tempdir\n"
-        "import cutlass_ops.bridge as bridge\n"
+        "import cutlass_ops.cutlass.bridge as bridge\n"
         "m = bridge.cutlass()\n"
         "assert tempfile.tempdir == before, tempfile.tempdir\n"
         "assert os.getcwd() == os.path.abspath('.')\n"
@@ -62,7 +65,7 @@ def test_bridge_import_writes_nothing_to_cwd_and_restores_tempdir(tmp_path):
 
 
 def test_bridge_registry_is_explicit_and_restored():
-    from cutlass_ops import bridge
+    from cutlass_ops.cutlass import bridge
 
     before = bridge.cutlass()._option_registry
     with bridge.target_registry(90) as registry:
@@ -89,6 +92,17 @@ def test_plain_int8_gemm_emits(kernel_cc):
         assert f"{name}{function}(" in emitted.host_source
     arch_tag = {75: "cutlass::arch::Sm75", 80: "cutlass::arch::Sm80", 90: "cutlass::arch::Sm90"}[kernel_cc]
     assert arch_tag in emitted.device_source
+
+
+@pytest.mark.parametrize("api", ["2x", "3x"])
+def test_host_entry_points_come_from_the_template_files(api):
+    """One copy of the extern "C" wrappers (templates/host_entry_points.cpp) for both APIs, with
+    the API's Params builder and workspace size spliced in and the documenting header dropped."""
+    text = gemm_emit.host_entry_points(api)
+    assert text.count('extern "C" {') == 1 and "@template" not in text and "${build_params}" not in text
+    assert gemm_emit.template(f"build_params_{api}.cpp") in text
+    assert gemm_emit.template(f"workspace_size_{api}.cpp") in text
+    assert text.startswith("\n#include <cstring>\n") and text.endswith("  }\n}\n")
 
 
 @pytest.mark.parametrize("kernel_cc", [75, 80, 90])
@@ -139,8 +153,8 @@ def test_argument_layout_matches_interface_struct(monkeypatch, kernel_cc, epilog
     layouts = {flag: ArgumentLayout(argument_layout(emit(spec), flag, EXAMPLE)) for flag in (False, True)}
     for seed, (M, N, K) in enumerate([(1, 8, 16), (127, 264, 272), (4096, 1024, 8192)]):
         # The interface bakes EVT strides from its example tensors: re-trace at (M, N) to compare.
-        monkeypatch.setattr(gemm_build, "EXAMPLE_M", max(M, 2))
-        monkeypatch.setattr(gemm_build, "EXAMPLE_N", max(N, 2))
+        monkeypatch.setattr(gemm_emit, "EXAMPLE_M", max(M, 2))
+        monkeypatch.setattr(gemm_emit, "EXAMPLE_N", max(N, 2))
         emitted = emit(spec)
         pointers = _pointers(spec, seed)
         scalars = {n: 3.0 + i for i, (n, k) in enumerate(epi.inputs) if k == "scalar"}
@@ -178,15 +192,18 @@ def test_arch_resolution_names_the_problem():
 
 
 def test_operand_checks_name_M_N_K():
-    A = torch.zeros(3, 40, dtype=torch.int8)
+    # the kernels' own rules (checked by the plan)
     with pytest.raises(ValueError, match="K=40"):
-        gemm_api._check_operands(A, torch.zeros(64, 40, dtype=torch.int8), 8, "f16")
+        gemm_api.check_sizes(3, 64, 40, 8, "f16")
     with pytest.raises(ValueError, match="N=60"):
-        gemm_api._check_operands(torch.zeros(3, 32, dtype=torch.int8), torch.zeros(60, 32, dtype=torch.int8), 8, "f16")
-    with pytest.raises(ValueError, match="K=32.*K=48"):
-        gemm_api._check_operands(torch.zeros(3, 32, dtype=torch.int8), torch.zeros(64, 48, dtype=torch.int8), 8, "f16")
+        gemm_api.check_sizes(3, 60, 32, 8, "f16")
+    with pytest.raises(ValueError, match="empty GEMM: M=0"):
+        gemm_api.check_sizes(0, 64, 32, 8, "f16")
+    # the general rules (checked once by the public API, before any GPU is needed)
+    with pytest.raises(ValueError, match=r"\(3, 32\) vs \(64, 48\)"):
+        cutlass_ops.int8_gemm(torch.zeros(3, 32, dtype=torch.int8), torch.zeros(64, 48, dtype=torch.int8))
     with pytest.raises(TypeError, match="int8"):
-        gemm_api._check_operands(A.float(), torch.zeros(64, 40, dtype=torch.int8), 8, "f16")
+        cutlass_ops.int8_gemm(torch.zeros(3, 40), torch.zeros(64, 40, dtype=torch.int8))
 
 
 def test_epilogue_references():
@@ -304,7 +321,7 @@ def test_pointer_patch_plan_reproduces_fresh_params(built_kernels, key):
     """The launcher's sentinel search on a 2.x kernel, run on the CPU (no module load, no launch)."""
     _, artifact = built_kernels[key]
     kernel = GemmKernel(artifact)
-    kernel._device_info[0] = (132, 90)  # SM count and cc of an H100, so no GPU query is needed
+    kernel._sm_counts[0] = 132  # SM count of an H100, so no GPU query is needed
     M, N, K = 127, 264, 272
     in_arguments = {name for _, name in kernel.layout.pointers}  # an EVT kernel's C is absent (null)
     nonnull = tuple(name in in_arguments for name in kernel.pointer_names)

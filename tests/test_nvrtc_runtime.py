@@ -84,20 +84,26 @@ def test_every_shipped_kernel_compiles(name, arch):
     assert _is_cubin(cubin.data)
 
 
-def test_argument_packing_follows_the_c_parameter_layout():
-    """Each argument at the next multiple of its alignment: a tensor map ('T', 128 bytes,
-    alignas(64)) after 4-byte ints starts at the next 64-byte boundary."""
-    import struct
+def test_kernel_args_point_each_parameter_at_its_field():
+    """cuLaunchKernel copies parameter i from kernelParams[i], so a KernelArgs block needs no C
+    layout: a tensor map (128 bytes, alignas(64) in C) after two ints is found by its address."""
+    import ctypes
 
-    from custom_kernels.launcher import Kernel
+    from custom_kernels.launch import F32, I32, KernelArgs, Ptr, TensorMap
 
-    k = Kernel(None, "k", "PiiT")
+    class Args(KernelArgs):
+        _fields_ = [("x", Ptr), ("m", I32), ("n", I32), ("tmap", TensorMap), ("a", F32)]
+
     blob = bytes(range(128))
-    packed = k.pack([0x1122334455667788, 7, -3, blob])
-    assert len(packed) == 64 + 128
-    assert struct.unpack_from("<Qii", packed, 0) == (0x1122334455667788, 7, -3)
-    assert packed[64:] == blob
-    assert packed[16:64] == bytes(48)  # padding
-    with pytest.raises(TypeError, match="tensor map"):
-        k.pack([0, 1, 2, b"short"])
-    assert len(Kernel(None, "k2", "PPiif").pack([0, 0, 1, 2, 1.5])) == 28  # unchanged for plain kinds
+    args = Args(x=0x1122334455667788, m=7, n=-3, a=1.5)
+    args.tmap = TensorMap.from_buffer_copy(blob)
+    keep, address = args.kernel_params()
+    ptrs = (ctypes.c_void_p * 5).from_address(address)
+    assert ctypes.c_uint64.from_address(ptrs[0]).value == 0x1122334455667788
+    assert (ctypes.c_int32.from_address(ptrs[1]).value, ctypes.c_int32.from_address(ptrs[2]).value) == (7, -3)
+    assert ctypes.string_at(ptrs[3], 128) == blob
+    assert ctypes.c_float.from_address(ptrs[4]).value == 1.5
+    args.m = 9  # a launch writes only the fields it names, in place: the addresses stay valid
+    assert ctypes.c_int32.from_address(ptrs[1]).value == 9
+    with pytest.raises(TypeError):
+        args.tmap = b"short"

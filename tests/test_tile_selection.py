@@ -18,9 +18,10 @@ import pytest
 import torch
 
 import epilogues
-from cutlass_ops import gemm as gemm_api
-from cutlass_ops import gemm_build
-from cutlass_ops.gemm_build import emit
+from cutlass_ops import cutlass as gemm_api
+from cutlass_ops.cutlass import build as gemm_build
+from cutlass_ops.cutlass import tuning
+from cutlass_ops.cutlass.emit import emit
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = "NVIDIA H100 80GB HBM3"
@@ -39,13 +40,13 @@ tuner = _load_tuner()
 
 @pytest.fixture
 def tuning_dir(tmp_path, monkeypatch):
-    """A copy of the tuning tables the test may edit; gemm's table cache is cleared around it."""
+    """A copy of the tuning tables the test may edit; the table cache is cleared around it."""
     directory = tmp_path / "tuning"
-    shutil.copytree(gemm_api.TUNING_DIR, directory)
-    monkeypatch.setattr(gemm_api, "TUNING_DIR", directory)
-    gemm_api.tuning.cache_clear()
+    shutil.copytree(tuning.TUNING_DIR, directory)
+    monkeypatch.setattr(tuning, "TUNING_DIR", directory)
+    tuning.table.cache_clear()
     yield directory
-    gemm_api.tuning.cache_clear()
+    tuning.table.cache_clear()
 
 
 def _edit(path: Path, change) -> None:
@@ -61,7 +62,7 @@ def _edit(path: Path, change) -> None:
 @pytest.mark.parametrize("M,bucket", [(1, "small"), (64, "small"), (65, "medium"), (128, "medium"),
                                       (256, "medium"), (257, "large"), (4096, "large")])
 def test_bucket_boundaries(gpu_name, M, bucket):
-    table = gemm_api.tuning(gpu_name)
+    table = tuning.table(gpu_name)
     assert (table["small_m_max"], table["medium_m_max"]) == (64, 256)
     assert gemm_api.bucket_for(M, gpu_name) == bucket
     assert gemm_api.BUCKETS.index(bucket) == (0 if M <= 64 else 1 if M <= 256 else 2)
@@ -77,12 +78,12 @@ def test_bucket_limits_come_from_the_gpu_table(tuning_dir):
 def test_bad_bucket_limits_are_named(tuning_dir, limits):
     (tuning_dir / "Test_GPU.json").write_text(json.dumps(limits))
     with pytest.raises(ValueError, match="small_m_max.*medium_m_max"):
-        gemm_api.tuning("Test GPU")
+        tuning.table("Test GPU")
 
 
 def test_every_generation_has_every_bucket():
     for gpu_name in (None, H100):
-        table = gemm_api.tuning(gpu_name)
+        table = tuning.table(gpu_name)
         for cc in ("75", "80", "90"):
             assert set(gemm_api.BUCKETS) <= set(table[cc]), (gpu_name, cc)
 
@@ -261,7 +262,8 @@ def test_medium_int8_output_kernel_compiles():
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.int32])
 def test_int8_gemm_launches_the_bucket_kernel(M, out_dtype):
     device = torch.cuda.current_device()
-    cc, gpu_name = gemm_api._device_info(device)
+    major, minor = torch.cuda.get_device_capability(device)
+    cc, gpu_name = 10 * major + minor, torch.cuda.get_device_name(device)
     try:
         kernel_cc = gemm_api.resolve_arch(None, cc)
     except ValueError as exc:
@@ -280,7 +282,6 @@ def test_int8_gemm_launches_the_bucket_kernel(M, out_dtype):
         out = gemm_api.int8_gemm(A, B, "dequant", out_dtype=out_dtype, scale_row=s_row, scale_col=s_col)
         assert torch.equal(out.cpu().float(), (A.cpu().int() @ B.cpu().int().T).float())
         element_D, epilogue = "f16", "dequant"
-    plan = gemm_api._fast_plans[(device, None, epilogue, None if out_dtype is torch.int32 else out_dtype,
-                                 gemm_api.BUCKETS.index(gemm_api.bucket_for(M, gpu_name)))]
+    plan = gemm_api.plan_for(M, device, epilogue, None, None if out_dtype is torch.int32 else out_dtype)
     assert plan.spec == gemm_api.kernel_spec(kernel_cc, gemm_api.target_arch_for(kernel_cc, cc), epilogue, element_D,
                                              gemm_api.bucket_for(M, gpu_name), gpu_name)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import epilogues
-from cutlass_ops import gemm
-from cutlass_ops.gemm import int8_gemm, int8_gemm_requant
+from cutlass_ops import cutlass as gemm
+from cutlass_ops.cutlass import int8_gemm, int8_gemm_requant
 
 pytestmark = pytest.mark.gpu
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cutlass_ops import gemm
-from cutlass_ops.gemm_build import lookup
-from cutlass_ops.gemm_launch import GemmKernel
+from cutlass_ops import cutlass as gemm
+from cutlass_ops.cutlass.build import lookup
+from cutlass_ops.cutlass.kernel import GemmKernel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm_90 GPU")]

@@ -13,12 +13,12 @@ from __future__ import annotations
 import ctypes
 import struct
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import epilogues
 
-if TYPE_CHECKING:
-    from .gemm_build import EmittedGemm, GemmKernelSpec
+from .emit import EmittedGemm
+from .spec import GemmKernelSpec
 
 __all__ = ["ArgumentLayout", "ArgumentLayoutError", "argument_layout", "interface_arguments"]
 

@@ -1,9 +1,10 @@
-"""Fast launch of a built CUTLASS GEMM: no ``plan.run``, no interface import, no synchronisation.
+"""A built CUTLASS GEMM loaded and launched: no ``plan.run``, no interface import, no synchronisation.
 
 Per problem shape, once: fill the kernel's ``Arguments`` struct from the layout recorded at build
 time and call the host library's ``<kernel>_cutlass_ops_params`` for the ``Params`` bytes, grid
-and block. Per call: put the tensor pointers into ``Params`` and launch it through a ``LaunchShape``
-(``Kernel.params_address`` gives its kernelParams) on torch's current stream (CUDA-graph capturable:
+and block. Per call: put the tensor pointers into ``Params`` and launch it through a
+:class:`custom_kernels.launch.LaunchShape` (``params_address`` gives its kernelParams) on torch's
+current stream (CUDA-graph capturable:
 no synchronisation, no device allocation; the first call of a shape may allocate a workspace, so
 warm up before capture).
 
@@ -29,15 +30,15 @@ from typing import Any, Sequence
 import torch
 
 from custom_kernels.cuda_paths import cuda_home
-from custom_kernels.launch_config import pdl_enabled
-from custom_kernels.launcher import LaunchShape, Module
+from custom_kernels.device import current_device, raw_stream, sm_count
+from custom_kernels.launch import LaunchConfig, LaunchShape, Module, params_address, pdl_enabled
 
-from .gemm_args import ArgumentLayout
-from .gemm_build import GemmArtifact
+from .arguments import ArgumentLayout
+from .build import GemmArtifact
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GemmKernel", "current_stream"]
+__all__ = ["GemmKernel"]
 
 # Sentinel pointer sets: 16-byte aligned like real buffers, 1 MiB apart per slot, and differing
 # from each other in low bits as well as high bits (a field derived from the address's alignment
@@ -45,18 +46,9 @@ __all__ = ["GemmKernel", "current_stream"]
 _SENTINEL_BASES = (0x5A5A_0000_0000, 0x6B6B_0123_4560, 0x3C3C_0FED_CBA0)
 _SENTINEL_STEP = 0x10_0000
 _REBUILT_KEPT = 512  # Params kept per shape for kernels that rebuild them (keyed by pointers)
-
-
-def current_stream(device: int) -> int:
-    """torch's current raw stream on ``device`` (without building a torch.cuda.Stream object)."""
-    return _raw_stream(device)
-
-
-try:
-    _raw_stream = torch._C._cuda_getCurrentRawStream
-except AttributeError:  # older torch
-    def _raw_stream(device: int) -> int:
-        return torch.cuda.current_stream(device).cuda_stream
+# Problem shapes (M, N, K, pointer pattern, scalars, device) kept per kernel, oldest out first: a
+# server that sees every M keeps a bounded table (a dropped shape is prepared again on its next call).
+_SHAPES_KEPT = 4096
 
 
 def _load_host_library(path: Path) -> ctypes.CDLL:
@@ -102,6 +94,7 @@ class _ShapeState:
     shape: Any = None  # LaunchShape (grid, block, smem, cluster) for this state, built on first launch
     view: Any = None  # params as 8-byte words (a memoryview), made on the first patch
     params_address: int = 0  # kernelParams for ``params``; set once the state is patched and verified
+    params_keep: Any = None  # the void*[1] behind params_address (kept alive with the state)
 
 
 def _patch(state: _ShapeState, pointers: Sequence[int]) -> None:
@@ -129,7 +122,7 @@ class GemmKernel:
         self.scalar_names: tuple[str, ...] = tuple(meta["scalars"])
         self.layout = ArgumentLayout(meta["arguments"])
         self.module = Module(artifact.cubin_path.read_bytes(), name=self.name)
-        self.kernel = self.module.kernel(self.name)
+        self.kernel = self.module.kernel(self.name)  # a custom_kernels.launch.Kernel
         self.kernel.set_max_dynamic_smem(self.smem)
         lib = _load_host_library(artifact.host_path)
         self._make_params = getattr(lib, f"{self.name}_cutlass_ops_params")
@@ -143,29 +136,24 @@ class GemmKernel:
         self._states: dict[tuple, _ShapeState] = {}
         self._workspaces: dict[int, Any] = {}  # device -> torch uint8 tensor, allocated once, grown rarely
         self._lock = threading.Lock()
-        self._device_info: dict[int, tuple[int, int]] = {}
+        self._sm_counts: dict[int, int] = {}  # device -> SM count (overridable without a GPU, for tests)
 
     # -- building Params ----------------------------------------------------------------------
 
     def fresh_params(self, M: int, N: int, K: int, pointers: Sequence[int], scalars: Sequence[float] = (),
                      device: int | None = None) -> tuple[bytes, tuple[int, int, int], tuple[int, int, int]]:
         """Params built from scratch for these pointers (what a patched Params must equal)."""
-        device = torch.cuda.current_device() if device is None else device
+        device = current_device() if device is None else device
         args = self._arguments(M, N, K, pointers, scalars, device)
         params, grid, block = self._build(args, M, N, K, self._workspace_pointer(args, device))
         return bytes(params), grid, block
 
     def _arguments(self, M, N, K, pointers, scalars, device) -> bytearray:
-        sm_count, _ = self._sm_count(device)
+        sms = self._sm_counts.get(device)
+        if sms is None:
+            sms = self._sm_counts[device] = sm_count(device)
         return self.layout.fill(M, N, K, dict(zip(self.pointer_names, pointers)),
-                                dict(zip(self.scalar_names, scalars)), sm_count=sm_count, device_id=device)
-
-    def _sm_count(self, device: int) -> tuple[int, int]:
-        info = self._device_info.get(device)
-        if info is None:
-            props = torch.cuda.get_device_properties(device)
-            info = self._device_info[device] = (props.multi_processor_count, 10 * props.major + props.minor)
-        return info
+                                dict(zip(self.scalar_names, scalars)), sm_count=sms, device_id=device)
 
     def _build(self, args: bytearray, M: int, N: int, K: int, workspace: int):
         """(Params as a ctypes array, grid, block) from Arguments bytes, by the host library."""
@@ -243,9 +231,9 @@ class GemmKernel:
         current device). ``pointers`` follow ``self.pointer_names``; 0 stands for an absent input.
         ``nonnull``: bit i set iff pointers[i] != 0, when the caller already knows it."""
         if device is None:
-            device = torch.cuda.current_device()
+            device = current_device()
         if stream is None:
-            stream = _raw_stream(device)
+            stream = raw_stream(device)
         if nonnull is not None and scalars.__class__ is tuple:
             # The per-call path once a shape is prepared and verified: patch the pointer words, launch.
             state = self._states.get((M, N, K, nonnull, scalars, device))
@@ -258,12 +246,16 @@ class GemmKernel:
             state, params = self._params_for(M, N, K, pointers, scalars, device, nonnull)
             shape = state.shape
             if shape is None:
-                shape = state.shape = LaunchShape(self.kernel.function(device), state.grid, state.block, self.smem,
-                                                  self.cluster, self.name, self.pdl)
-            address = self.kernel.params_address(params)
+                shape = state.shape = self.launch_shape(state.grid, state.block, device)
+            keep, address = params_address(params)
             if params is state.params and state.words is not None and state.verified:
-                state.params_address = address
+                state.params_keep, state.params_address = keep, address
             shape.launch(stream, address)
+
+    def launch_shape(self, grid, block, device: int) -> LaunchShape:
+        """This kernel's LaunchShape for ``grid`` x ``block`` on ``device`` (its smem, cluster and PDL)."""
+        config = LaunchConfig.of(grid, block, self.smem, self.cluster, self.pdl)
+        return LaunchShape(self.kernel, config, device)
 
     def prepared_state(self, M: int, N: int, K: int, nonnull: int, scalars: tuple, device: int) -> _ShapeState | None:
         """The launch state a call of this shape and pointer pattern prepared, or None."""
@@ -275,7 +267,7 @@ class GemmKernel:
 
         ``patched``: the Params came from overwriting pointer words of cached Params (False: built
         by the host library for these pointers)."""
-        device = torch.cuda.current_device() if device is None else device
+        device = current_device() if device is None else device
         with self._lock:
             state, params = self._params_for(M, N, K, pointers, scalars, device)
             return bytes(params), state.grid, state.block, state.words is not None
@@ -291,6 +283,8 @@ class GemmKernel:
         if state is None:
             flags = tuple(bool(nonnull >> i & 1) for i in range(len(pointers)))
             state = self._states[key] = self._prepare(M, N, K, flags, scalars, device)
+            if len(self._states) > _SHAPES_KEPT:
+                del self._states[next(iter(self._states))]  # the oldest
         if state.words is None:
             return state, self._rebuilt(state, M, N, K, pointers)
         if state.view is None:

@@ -1,6 +1,6 @@
 """A plan's C++ per-call path (``custom_kernels/host/int8_gemm_launch.cpp``).
 
-The Python path (``Int8Gemm._arguments`` + ``GemmKernel.launch``) stays the reference: a call the
+The Python path (``Int8Gemm._arguments`` + ``GemmKernel.launch``, :mod:`.plan`) stays the reference: a call the
 C++ side cannot take as the plain case comes back as None and goes through Python, which raises the
 precise error or prepares the problem shape; once Python has prepared and verified a shape's
 Params (``_ShapeState.params_address``), they are registered here and later calls of that shape
@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from custom_kernels import host_ext
-from custom_kernels.launcher import check
+from custom_kernels.device import check, raw_stream
 
-from .gemm_launch import GemmKernel, _raw_stream
+from .kernel import GemmKernel
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class FastPath:
 
     def run(self, A: torch.Tensor, B: torch.Tensor, device: int, out: torch.Tensor | None,
             inputs: dict[str, Any]) -> torch.Tensor | None:
-        D = self._ext.run(self._id, A, B, device, out, inputs, _raw_stream(device))
+        D = self._ext.run(self._id, A, B, device, out, inputs, raw_stream(device))
         if D.__class__ is int:  # the launch failed: decode the CUresult
             from cuda.bindings import driver
 

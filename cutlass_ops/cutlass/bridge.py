@@ -2,7 +2,7 @@
 
 The interface was written for cuda-python 12 and for emitting *and* compiling on the machine
 that runs the kernels. This module adapts it to emission for an explicit target on any machine
-(see shared/notes/stack.md for the measured facts behind each step):
+(see docs/design.md for the measured facts behind each step):
 
 - cuda-python 13 moved ``cuda.cuda``/``cuda.cudart``/``cuda.nvrtc`` to ``cuda.bindings.*`` and
   dropped ``cuda.__version__``; the old names are registered before the first import.
@@ -17,8 +17,8 @@ that runs the kernels. This module adapts it to emission for an explicit target 
 - The option registry is never created from ``device_cc()``: :func:`target_registry` installs one
   per explicit target compute capability, and callers pass ``cc=`` everywhere.
 - The interface's own compiler (``compiler.add_module``) is not used: it needs a GPU, compiles for
-  the device's arch and writes into the current directory. ``cutlass_ops.gemm_build`` emits the
-  sources and runs nvcc itself.
+  the device's arch and writes into the current directory. ``cutlass_ops.cutlass.emit`` emits the
+  sources and ``cutlass_ops.cutlass.build`` runs nvcc itself.
 """
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def _check_interface_code() -> None:
     if keys != ["16 16 8"]:
         raise RuntimeError(
             f"cutlass_cppgen was compiled while CPython's shared b' ' object was overwritten: its "
-            f"f-strings lost their spaces (alignment key {keys}). Import cutlass_ops.bridge before "
+            f"f-strings lost their spaces (alignment key {keys}). Import cutlass_ops.cutlass.bridge before "
             f"cutlass_cppgen in a new process; if this persists, delete the __pycache__ directories of "
             f"cutlass_cppgen and cutlass_library under {Path(_cutlass.__file__).parent.parent}.")
 
@@ -285,7 +285,7 @@ def gemm_plan(kernel_cc: int, *, element_A, element_B, element_C, element_D, ele
 
     ``cc`` is set to the kernel cc rather than the device's: the interface picks the EVT emitter
     and checks epilogue shared memory by ``cc``, so a Sm80 kernel meant for a Hopper GPU needs
-    ``cc=80`` (stack.md).
+    ``cc=80`` (docs/design.md).
     """
     if _cutlass._option_registry is None or not isinstance(_cutlass._option_registry, _TargetRegistry):
         raise RuntimeError("gemm_plan must be called inside bridge.target_registry(target_cc)")

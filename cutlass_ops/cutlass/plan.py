@@ -1,0 +1,279 @@
+"""The int8 GEMM plan: ``plan = get_plan(device, arch, epilogue, element_D, M)``, then
+``plan(A, B, out=None, **epilogue_inputs)`` per call.
+
+D[M, N] = epilogue(A[M, K] @ B[N, K]^T) with A the int8 activations and B the int8 weight in the
+torch Linear layout. A plan is one kernel (:class:`GemmKernelSpec`, picked by :mod:`.tuning` per M
+bucket), loaded lazily from the build cache (built first if ``scripts/build_kernels.py`` did not).
+
+The operands' general rules (int8, 2-D, contiguous, the same K, one CUDA device) are the caller's
+(``cutlass_ops.int8_gemm`` checks them once); a plan checks only its kernel's rules (K and N
+alignment, the epilogue's inputs, D, 16-byte aligned pointers) with cheap inline tests, calling
+the precise checks for their messages only when one fails. A shape seen before goes through the
+C++ per-call path (:mod:`.fast`), which hands back whatever is not the plain case.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+import epilogues
+from custom_kernels.device import capability
+
+from .build import build, lookup
+from .fast import FastPath
+from .kernel import GemmKernel
+from .spec import GemmKernelSpec
+from .tuning import ALIGNMENT_K, BUCKETS, bucket_limits, kernel_spec, resolve_arch, target_arch_for
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Int8Gemm", "get_plan", "plan_for", "check_sizes"]
+
+_DTYPE_NAMES = {torch.int32: "s32", torch.int8: "s8", torch.float16: "f16", torch.bfloat16: "bf16",
+                torch.float32: "f32"}
+
+
+@dataclass(frozen=True)
+class _Slots:
+    """The kernel's pointer list: its length, the slots of A, B, D and C (-1: none), whether C
+    takes D's pointer, the always-set pointers, and per epilogue tensor input (name, kind, slot,
+    required)."""
+
+    count: int
+    A: int
+    B: int
+    D: int
+    C: int
+    C_is_D: bool
+    always: int  # bit mask of the pointers every call sets (A, B, D and C when it is D)
+    inputs: tuple[tuple[str, str, int, bool], ...]
+
+
+class Int8Gemm:
+    """One int8 GEMM kernel (a plan): ``plan(A, B, out=None, **epilogue_inputs)`` launches it on
+    torch's current stream and returns D."""
+
+    def __init__(self, spec: GemmKernelSpec):
+        self.spec = spec
+        self.epilogue = epilogues.get(spec.epilogue)
+        self.out_dtype = epilogues.OUTPUT_DTYPES[spec.element_D]
+        self._kernel: GemmKernel | None = None
+        self._inputs = self.epilogue.tensor_inputs
+        self._scalars = tuple(n for n, k in self.epilogue.inputs if k == "scalar")
+        self._c_is_d = spec.api == "2x" and not self.epilogue.evt
+        self._slots: _Slots | None = None
+        self._fast: FastPath | None | bool = False  # False: not set up yet; None: Python path only
+
+    @property
+    def kernel(self) -> GemmKernel:
+        """The loaded kernel; built into the cache first if ``build_kernels.py`` did not."""
+        if self._kernel is None:
+            artifact = lookup(self.spec)
+            if artifact is None:
+                log.warning("CUTLASS kernel %s is not in the cache; building it now (run "
+                            "scripts/build_kernels.py ahead of time to avoid this)", self.spec.name)
+                artifact, _ = build(self.spec)
+            self._kernel = GemmKernel(artifact)
+        return self._kernel
+
+    def __call__(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
+                 **inputs: Any) -> torch.Tensor:
+        return self.run(A, B, out, inputs, A.get_device())
+
+    def run(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, inputs: dict[str, Any],
+            device: int) -> torch.Tensor:
+        """``plan(A, B, out, **inputs)`` with the inputs as one dict and A's device index given.
+
+        The C++ path takes a shape seen before unless it hands the call back (None)."""
+        fast = self._fast
+        if fast:
+            D = fast.run(A, B, device, out, inputs)
+            if D is not None:
+                return D
+        M, N, K, pointers, nonnull, scalars, out = self._arguments(A, B, out, device, inputs)
+        kernel = self._kernel or self.kernel
+        kernel.launch(M, N, K, pointers, scalars, device=device, nonnull=nonnull)
+        if fast is False:
+            fast = self._fast = FastPath.create(kernel, self._slots, self.out_dtype, self.spec.alignment_D,
+                                                bool(self._scalars))
+        if fast:
+            fast.register(M, N, K, nonnull, device, pointers)
+        return out
+
+    def launch_arguments(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
+                         **inputs: Any) -> tuple[int, int, int, list[int], tuple[float, ...], torch.Tensor]:
+        """Check the operands against this kernel; (M, N, K, pointers in kernel order, scalars, D)."""
+        M, N, K, pointers, _, scalars, out = self._arguments(A, B, out, A.get_device(), inputs)
+        return M, N, K, pointers, scalars, out
+
+    def _arguments(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, device: int,
+                   inputs: dict[str, Any]) -> tuple[int, int, int, list[int], int, tuple[float, ...], torch.Tensor]:
+        """launch_arguments plus the bit mask of non-null pointers, with the inputs as one dict.
+
+        A per-call host path: cheap inline checks, with the precise checks (and their messages)
+        called only when an inline check fails."""
+        M, K = A.shape
+        N = B.shape[0]
+        if not (M and N and K) or K % ALIGNMENT_K or N % self.spec.alignment_D:
+            check_sizes(M, N, K, self.spec.alignment_D, self.spec.element_D)
+        slots = self._slots or self._pointer_slots()
+        pointers = [0] * slots.count
+        pointers[slots.A] = a = A.data_ptr()
+        pointers[slots.B] = b = B.data_ptr()
+        misaligned = a | b
+        nonnull = slots.always
+        given = 0
+        for name, kind, slot, required in slots.inputs:
+            value = inputs.get(name)
+            if value is None:
+                given += name in inputs  # passed as None: absent
+                if required:
+                    raise ValueError(f"epilogue {self.spec.epilogue!r} needs {name} ({kind}, float32)")
+                continue
+            given += 1
+            if not (value.__class__ is torch.Tensor and value.dtype is torch.float32
+                    and (value.numel() == M if kind == "per_row" else value.numel() == N if kind == "per_col"
+                         else value.shape == (M, N))
+                    and value.is_contiguous() and value.get_device() == device):
+                _check_input(name, kind, value, M, N, device)
+            pointers[slot] = p = value.data_ptr()
+            misaligned |= p
+            nonnull |= 1 << slot
+        if self._scalars:
+            scalars = tuple(float(inputs[name]) if name in inputs else _missing(self.spec.epilogue, name)
+                            for name in self._scalars)
+            given += len(scalars)
+        else:
+            scalars = ()
+        if given != len(inputs):
+            unexpected = sorted(set(inputs) - set(self.epilogue.input_names))
+            raise TypeError(f"epilogue {self.spec.epilogue!r} takes {list(self.epilogue.input_names)}; "
+                            f"unexpected {unexpected or sorted(k for k, v in inputs.items() if v is None)}")
+        if out is None:
+            # sizes as separate ints: torch's argument parser takes them faster than a tuple
+            out = torch.empty(M, N, dtype=self.out_dtype, device=_cuda_device(device))
+        elif out.shape != (M, N) or out.dtype != self.out_dtype or not out.is_contiguous() or out.get_device() != device:
+            raise ValueError(f"out must be a contiguous {self.out_dtype} tensor [M={M}, N={N}] on {A.device}, "
+                             f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+        pointers[slots.D] = d = out.data_ptr()
+        misaligned |= d
+        if slots.C_is_D:
+            pointers[slots.C] = d  # 2.x LinearCombination reads C only when beta != 0 (never here)
+        if misaligned & 15:
+            bad = [n for n, p in zip(self.kernel.pointer_names, pointers) if p & 15]
+            raise ValueError(f"{', '.join(bad)} must start on a 16-byte boundary (vectorized / TMA access); "
+                             f"a storage offset makes them misaligned: pass fresh contiguous tensors")
+        return M, N, K, pointers, nonnull, scalars, out
+
+    def _pointer_slots(self) -> _Slots:
+        """Where each operand goes in the kernel's pointer list (made once, on the first call)."""
+        names = self.kernel.pointer_names
+        index = {name: i for i, name in enumerate(names)}
+        inputs = tuple((name, kind, index[name], name not in self.epilogue.optional)
+                       for name, kind in self._inputs if name in index)
+        missing = [name for name, _ in self._inputs if name not in index]
+        if missing or not {"A", "B", "D"} <= set(index):
+            raise RuntimeError(f"kernel {self.spec.name} has pointers {names}; expected A, B, D and "
+                               f"{[n for n, _ in self._inputs]}")
+        c_is_d = self._c_is_d and "C" in index and "C" not in {n for n, _ in self._inputs}
+        always = (1 << index["A"]) | (1 << index["B"]) | (1 << index["D"]) | ((1 << index["C"]) if c_is_d else 0)
+        self._slots = _Slots(len(names), index["A"], index["B"], index["D"], index.get("C", -1), c_is_d, always,
+                             inputs)
+        return self._slots
+
+
+def _missing(epilogue: str, name: str):
+    raise ValueError(f"epilogue {epilogue!r} needs the scalar {name}")
+
+
+def check_sizes(M: int, N: int, K: int, align_D: int, element_D: str) -> None:
+    """The kernels' own size rules: a non-empty problem, K a multiple of 16, N of D's alignment."""
+    if M == 0 or N == 0 or K == 0:
+        raise ValueError(f"empty GEMM: M={M}, N={N}, K={K}")
+    if K % ALIGNMENT_K:
+        raise ValueError(f"K={K} must be a multiple of {ALIGNMENT_K} (int8 rows of A and B are read in "
+                         f"16-byte vectors); pad A [M={M}, K] and B [N={N}, K] with zero columns")
+    if N % align_D:
+        raise ValueError(f"N={N} must be a multiple of {align_D} for {element_D} output (16-byte stores of D)")
+
+
+def _check_input(name: str, kind: str, value: torch.Tensor, M: int, N: int, device: int) -> None:
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.float32:
+        raise TypeError(f"{name} must be a float32 tensor")
+    numel = value.numel()
+    if (numel != M if kind == "per_row" else numel != N if kind == "per_col"
+            else tuple(value.shape) != (M, N)):
+        shape = {"per_row": f"[M={M}] or [M, 1]", "per_col": f"[N={N}] or [1, N]", "matrix": f"[M={M}, N={N}]"}[kind]
+        raise ValueError(f"{name} must be {shape}, got {tuple(value.shape)}")
+    if value.get_device() != device or not value.is_contiguous():
+        raise ValueError(f"{name} must be contiguous on cuda:{device}, got {value.device}")
+
+
+# ------------------------------------------------------------------------------------------------
+# the plan cache: one plan per (device, arch, epilogue, D type, M bucket) - a bounded set
+# ------------------------------------------------------------------------------------------------
+
+_gpu_names: dict[int, str] = {}
+
+
+def _gpu_name(device: int) -> str:
+    name = _gpu_names.get(device)
+    if name is None:
+        name = _gpu_names[device] = torch.cuda.get_device_name(device)
+    return name
+
+
+_plans: dict[tuple, Int8Gemm] = {}  # (device, arch, epilogue, element_D, bucket) -> plan
+
+
+def get_plan(device: int, arch: int | None, epilogue: str, element_D: str | None, M: int) -> Int8Gemm:
+    """The (cached) plan for a GEMM of M rows on ``device`` with this arch, epilogue and D type."""
+    gpu_name = _gpu_name(device)
+    small, medium = bucket_limits(gpu_name)
+    bucket = BUCKETS[0 if M <= small else 1 if M <= medium else 2]
+    key = (device, arch, epilogue, element_D, bucket)
+    plan = _plans.get(key)
+    if plan is None:
+        epi = epilogues.get(epilogue)
+        device_cc = capability(device)
+        kernel_cc = resolve_arch(arch, device_cc)
+        element = element_D or epi.default_output
+        if element not in epi.output_dtypes:
+            raise ValueError(f"epilogue {epilogue!r} writes {list(epi.output_dtypes)}, not {element!r}")
+        spec = kernel_spec(kernel_cc, target_arch_for(kernel_cc, device_cc), epilogue, element, bucket, gpu_name)
+        plan = _plans[key] = Int8Gemm(spec)
+    return plan
+
+
+_DEVICES: dict[int, torch.device] = {}  # device index -> torch.device (made once, not per call)
+
+
+def _cuda_device(index: int) -> torch.device:
+    found = _DEVICES.get(index)
+    if found is None:
+        found = _DEVICES[index] = torch.device("cuda", index)
+    return found
+
+
+_loaded: dict[tuple, Int8Gemm] = {}  # (device, arch, epilogue, out_dtype, bucket index) -> loaded plan
+_limits: dict[int, tuple[int, int]] = {}  # device -> (small_m_max, medium_m_max)
+
+
+def plan_for(M: int, device: int, epilogue: str, arch: int | None, out_dtype: torch.dtype | str | None) -> Int8Gemm:
+    """The loaded plan for M rows on ``device`` (two int compares and one dict lookup per call);
+    ``out_dtype``: a torch dtype, an element name ("f16") or None (the epilogue's default)."""
+    limits = _limits.get(device)
+    if limits is None:
+        limits = _limits[device] = bucket_limits(_gpu_name(device))
+    # 0, 1, 2: the index in BUCKETS of M's bucket (two int compares, no table lookups per call)
+    key = (device, arch, epilogue, out_dtype, 0 if M <= limits[0] else 1 if M <= limits[1] else 2)
+    plan = _loaded.get(key)
+    if plan is None:
+        element_D = _DTYPE_NAMES.get(out_dtype, out_dtype) if out_dtype is not None else None
+        plan = get_plan(device, arch, epilogue, element_D, M)
+        plan.kernel  # load it now: the per-call path expects a loaded kernel
+        _loaded[key] = plan
+    return plan

@@ -1,0 +1,153 @@
+"""Tiles of the CUTLASS int8 GEMMs: the tables in ``cutlass_ops/tuning/*.json``, M buckets, specs.
+
+Tiles come from ``tuning/default.json`` (overridden by ``tuning/<gpu name>.json``), per kernel
+generation and M bucket ("small": M <= small_m_max, "medium": M <= medium_m_max, else "large").
+A bucket's entry may carry ``float_out``: a complete tile (the same keys as the entry) used instead
+of the entry's own when D is f16, bf16 or f32, for tiles whose int8 (and int32) outputs do not build
+or are slower. :func:`kernel_spec` turns (generation, target, epilogue, D type, bucket) into the
+:class:`GemmKernelSpec` of the kernel to launch; :func:`configured_specs` lists every one a GPU may use.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import epilogues
+
+from .spec import KERNEL_CCS, GemmKernelSpec
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TUNING_DIR", "BUCKETS", "FLOAT_OUTPUTS", "ALIGNMENT_K", "table", "bucket_limits", "bucket_for",
+           "gpu_file_name", "alignment_D", "target_arch_for", "resolve_arch", "kernel_spec", "configured_specs"]
+
+TUNING_DIR = Path(__file__).resolve().parents[1] / "tuning"
+# M buckets, smallest first: "small" M <= small_m_max < "medium" M <= medium_m_max < "large".
+BUCKETS = ("small", "medium", "large")
+# Output types a bucket's "float_out" tile applies to.
+FLOAT_OUTPUTS = frozenset({"f16", "bf16", "f32"})
+# A and B rows must be 16-byte aligned: every kernel here loads int8 operands 16 elements at a time
+# (cp.async / TMA), the only alignment the generator offers for int8 TensorOp GEMMs.
+ALIGNMENT_K = 16
+_ELEMENT_BYTES = {"s8": 1, "f16": 2, "bf16": 2, "s32": 4, "f32": 4}
+
+
+def alignment_D(kernel_cc: int, element_D: str) -> int:
+    """Elements per access of D: 16 bytes, except the 2.x int32 epilogue, built with 8 (generator's)."""
+    if kernel_cc != 90 and element_D == "s32":
+        return 8
+    return 16 // _ELEMENT_BYTES[element_D]
+
+
+def target_arch_for(kernel_cc: int, device_cc: int) -> str:
+    """nvcc target for a kernel generation on a GPU of ``device_cc``: sm_90a for Sm90 kernels."""
+    if kernel_cc == 90:
+        if device_cc != 90:
+            raise ValueError(f"Sm90 kernels need a Hopper GPU (compute capability 9.0), not {device_cc / 10:.1f}")
+        return "90a"
+    if device_cc < kernel_cc:
+        raise ValueError(f"Sm{kernel_cc} kernels cannot run on compute capability {device_cc / 10:.1f}")
+    return str(device_cc)
+
+
+def resolve_arch(arch: int | None, device_cc: int) -> int:
+    """The kernel generation for ``arch`` (None: the device's own) on a GPU of ``device_cc``."""
+    if arch is None:
+        if device_cc == 90:
+            return 90
+        if 80 <= device_cc < 90:
+            return 80
+        if device_cc == 75:
+            return 75
+        raise ValueError(f"no int8 CUTLASS kernels for compute capability {device_cc / 10:.1f}; pass arch=80 or 75")
+    if arch not in KERNEL_CCS:
+        raise ValueError(f"arch must be None, 75, 80 or 90, got {arch!r}")
+    target_arch_for(arch, device_cc)  # raises if the GPU cannot run it
+    return arch
+
+
+def gpu_file_name(gpu_name: str) -> str:
+    """The tuning file of a GPU: its name with non-alphanumerics as '_', e.g. NVIDIA_H100_80GB_HBM3.json."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", gpu_name).strip("_") + ".json"
+
+
+@functools.lru_cache(maxsize=None)
+def table(gpu_name: str | None = None) -> dict[str, Any]:
+    """Tile table: default.json updated (per kernel cc and bucket) by ``<gpu_name>.json`` if present.
+
+    A bucket entry of the GPU file replaces default.json's entry whole (its ``float_out`` too)."""
+    tiles = json.loads((TUNING_DIR / "default.json").read_text())
+    source = TUNING_DIR / "default.json"
+    if gpu_name:
+        path = TUNING_DIR / gpu_file_name(gpu_name)
+        if path.is_file():
+            override = json.loads(path.read_text())
+            for key, value in override.items():
+                if isinstance(value, dict) and isinstance(tiles.get(key), dict):
+                    tiles[key] = {**tiles[key], **value}
+                else:
+                    tiles[key] = value
+            source = path
+            log.info("int8 GEMM tiles from %s", path)
+    small, medium = tiles.get("small_m_max"), tiles.get("medium_m_max")
+    if not (isinstance(small, int) and isinstance(medium, int) and 0 < small <= medium):
+        raise ValueError(f"{source}: need integers 0 < small_m_max <= medium_m_max, got "
+                         f"small_m_max={small!r}, medium_m_max={medium!r}")
+    return tiles
+
+
+def bucket_limits(gpu_name: str | None = None) -> tuple[int, int]:
+    """(small_m_max, medium_m_max) of ``gpu_name``'s tiles."""
+    tiles = table(gpu_name)
+    return tiles["small_m_max"], tiles["medium_m_max"]
+
+
+def bucket_for(M: int, gpu_name: str | None = None) -> str:
+    """The M bucket ("small", "medium" or "large") of a GEMM with M rows under ``gpu_name``'s tiles."""
+    small, medium = bucket_limits(gpu_name)
+    return "small" if M <= small else "medium" if M <= medium else "large"
+
+
+def kernel_spec(kernel_cc: int, target_arch: str, epilogue: str, element_D: str, bucket: str,
+                gpu_name: str | None = None) -> GemmKernelSpec:
+    """The spec of the kernel used for (kernel generation, target, epilogue, output type, M bucket).
+
+    A float D (f16, bf16, f32) takes the bucket's ``float_out`` tile where the entry has one."""
+    if bucket not in BUCKETS:
+        raise ValueError(f"bucket must be one of {BUCKETS}, got {bucket!r}")
+    generation = table(gpu_name).get(str(kernel_cc), {})
+    if bucket not in generation:
+        raise ValueError(f"no {bucket!r} tile for Sm{kernel_cc} in the tuning tables (default.json"
+                         f"{' + ' + gpu_file_name(gpu_name) if gpu_name else ''})")
+    tile = generation[bucket]
+    if element_D in FLOAT_OUTPUTS and "float_out" in tile:
+        tile = tile["float_out"]
+    return GemmKernelSpec(
+        kernel_cc=kernel_cc, target_arch=target_arch, epilogue=epilogue, element_D=element_D,
+        threadblock_shape=tuple(tile["threadblock_shape"]), stages=tile.get("stages"),
+        warp_count=tuple(tile["warp_count"]) if tile.get("warp_count") else None,
+        cluster_shape=tuple(tile.get("cluster_shape", (1, 1, 1))),
+        kernel_schedule=tile.get("kernel_schedule"), epilogue_schedule=tile.get("epilogue_schedule"),
+        tile_scheduler=tile.get("tile_scheduler"), alignment_D=alignment_D(kernel_cc, element_D))
+
+
+def configured_specs(target: int | str, epilogue_names: list[str] | None = None,
+                     buckets: tuple[str, ...] = BUCKETS, gpu_name: str | None = None) -> list[GemmKernelSpec]:
+    """Every kernel ``int8_gemm`` may launch on a GPU of compute capability ``target``, each once
+    (buckets sharing a tile share a kernel)."""
+    device_cc = int(str(target).rstrip("a"))
+    specs: dict[GemmKernelSpec, None] = {}
+    for kernel_cc in (90, 80, 75):
+        if kernel_cc > device_cc or (kernel_cc == 90 and device_cc != 90):
+            continue
+        for name in epilogue_names or epilogues.names():
+            epi = epilogues.get(name)
+            for element_D in epi.output_dtypes:
+                for bucket in buckets:
+                    specs.setdefault(kernel_spec(kernel_cc, target_arch_for(kernel_cc, device_cc), name, element_D,
+                                                 bucket, gpu_name))
+    return list(specs)
