@@ -5,13 +5,23 @@ calls between two synchronizations. ``host_us``: host time per call alone (the e
 ``kernel_us``: median device time per call from CUDA events around each call (warm, L2 rotated
 by the caller's choice of inputs; host-bound calls include their launch gaps). ``graph_us``:
 device time per call from a CUDA graph of repeated calls (no host cost, no launch gaps).
+``write_report``: a benchmark's table, headed by the commit and date, to
+``scripts/results/<gpu>/<bench>.md`` (one current table per GPU and benchmark; ``--out`` overrides).
 """
 from __future__ import annotations
 
+import datetime as dt
+import re
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = ROOT / "scripts" / "results"
 
 
 def _timed_calls(fn, iters: int, warmup: int) -> tuple[float, float]:
@@ -86,13 +96,54 @@ def kernel_us(fn, iters: int = 30, warmup: int = 5) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
 
 
-def write_report(lines: list[str], out=None) -> str:
-    """Join ``lines`` into a markdown report, print it, and write it to ``out`` (a Path) if given."""
-    report = "\n".join(lines) + "\n"
+def gpu_slug(name: str | None = None) -> str:
+    """Directory name of a GPU under scripts/results: the device name lowercased, non-alphanumerics
+    as '-', memory size and type dropped ('NVIDIA H100 80GB HBM3' -> 'nvidia-h100', 'NVIDIA H200' ->
+    'nvidia-h200', 'NVIDIA H100 PCIe' -> 'nvidia-h100-pcie')."""
+    name = name if name is not None else torch.cuda.get_device_name()
+    words = [w for w in re.split(r"[^a-z0-9]+", name.lower())
+             if w and not re.fullmatch(r"\d+gb|hbm\d*e?", w)]
+    return "-".join(words) or "unknown-gpu"
+
+
+def git_commit() -> str:
+    """Short hash of the checkout's HEAD ('unknown' outside a git checkout), '+changes' when
+    tracked files differ from it (the measured code is then not exactly that commit)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "") if head else "unknown"
+
+
+def report_path(bench: str, gpu: str | None = None) -> Path:
+    """scripts/results/<gpu slug>/<bench>.md: the one current table of this benchmark on this GPU."""
+    return RESULTS_DIR / gpu_slug(gpu) / f"{bench}.md"
+
+
+def report_header(bench: str, gpu: str | None = None) -> str:
+    """The provenance line every results table starts with: commit, date, producer, GPU."""
+    gpu = gpu if gpu is not None else torch.cuda.get_device_name()
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    script = Path(sys.argv[0]).name if sys.argv else ""
+    producer = f"scripts/{script}" if script.endswith(".py") else f"`{bench}`"
+    return f"Measured on commit `{git_commit()}` ({now}) by {producer} on {gpu}."
+
+
+def write_report(lines: list[str], out: Path | None = None, bench: str | None = None) -> str:
+    """Join ``lines`` into a markdown report under a provenance line (commit, date), print it and
+    write it to ``out``; by default to scripts/results/<gpu>/<bench>.md (overwritten on a re-run),
+    ``bench`` defaulting to the running script's name."""
+    bench = bench or Path(sys.argv[0]).stem
+    report = report_header(bench) + "\n\n" + "\n".join(lines).rstrip("\n") + "\n"
     print(report)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(report)
+    out = Path(out) if out is not None else report_path(bench)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report)
+    print(f"written to {out}", file=sys.stderr)
     return report
 
 
