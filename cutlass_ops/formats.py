@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from cutlass_ops import quantizers
 from cutlass_ops._validate import (
     FLOAT_DTYPES, check_bits, check_block_size, check_dtype, check_int, check_int4_K, check_ndim,
     check_shape, check_tensor,
@@ -29,10 +30,6 @@ INT4_ORDERS = ("interleaved", "low_first", "high_first")
 INT4_INTERLEAVE = (0, 2, 4, 6, 1, 3, 5, 7)
 # Element j of the 8 sits in nibble INT4_DEINTERLEAVE[j] (the inverse permutation).
 INT4_DEINTERLEAVE = (0, 4, 1, 5, 2, 6, 3, 7)
-
-
-def _qrange(bits: int) -> tuple[int, int]:
-    return (-128, 127) if bits == 8 else (-8, 7)
 
 
 # --------------------------------------------------------------------------------------------
@@ -134,7 +131,7 @@ class QuantizedWeight:
 
     def validate(self) -> None:
         """Check every field against the format (ValueError/TypeError naming the field)."""
-        check_bits(self.bits, "QuantizedWeight.bits")
+        _check_bits(self.bits, "QuantizedWeight.bits")
         N = check_int(self.N, "QuantizedWeight.N", minimum=1)
         K = check_int(self.K, "QuantizedWeight.K", minimum=1)
         check_int(self.block_size, "QuantizedWeight.block_size", minimum=1)
@@ -188,6 +185,9 @@ class QuantizedWeight:
 
         flat=True returns the stored [N, K] view also for a conv weight ([Co, Kh*Kw*Ci]).
         """
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype (w = q * scale + offset is not an "
+                            f"integer), got {dtype!r}")
         q = self.int_values().to(dtype).reshape(self.N, self.num_groups, self.block_size)
         w = q * self.scale.to(dtype)[..., None] + self.offset.to(dtype)[..., None]
         w = w.reshape(self.N, self.K)
@@ -205,37 +205,36 @@ class QuantizedWeight:
 # Weight quantization
 # --------------------------------------------------------------------------------------------
 
-def _quantize_blocks(w: torch.Tensor, bits: int, block_size: int, symmetric: bool):
-    """w [N, K] float -> (q int32 [N, K], scale f32 [N, G], offset f32 [N, G])."""
-    N, K = w.shape
-    qmin, qmax = _qrange(bits)
-    wb = w.to(torch.float64).reshape(N, K // block_size, block_size)
-    if symmetric:
-        scale = (wb.abs().amax(dim=-1) / qmax).to(torch.float32)
-        # All-zero block (or one whose scale underflows float32): any scale reproduces it; use 1.
-        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-        offset = torch.zeros_like(scale)
-    else:
-        w_max, w_min = wb.amax(dim=-1), wb.amin(dim=-1)
-        scale = ((w_max - w_min) / (2 ** bits - 1)).to(torch.float32)
-        zero_range = scale == 0
-        scale = torch.where(zero_range, torch.ones_like(scale), scale)
-        # w_max maps to qmax, so w_min maps to qmax - (2^bits - 1) = qmin.
-        offset = torch.where(zero_range, w_max, w_max - qmax * scale.to(torch.float64)).to(torch.float32)
-    # q from the stored float32 scale/offset so that dequantization meets |w - deq| <= scale / 2.
-    q = torch.round((wb - offset.to(torch.float64)[..., None]) / scale.to(torch.float64)[..., None])
-    q = q.clamp(qmin, qmax).to(torch.int32).reshape(N, K)
-    return q, scale, offset
+def _check_bits(bits, name: str = "bits") -> int:
+    """TypeError unless bits is an int (not a bool or a float such as 8.0); ValueError unless 4 or 8."""
+    check_int(bits, name)
+    return check_bits(bits, name)
 
 
 def _check_weight_args(w, name: str, ndim: int, layout: str, bits, symmetric) -> None:
     check_dtype(w, name, FLOAT_DTYPES + (torch.float64,))
     check_ndim(w, name, ndim, layout)
-    check_bits(bits)
+    _check_bits(bits)
     if not isinstance(symmetric, bool):
         raise TypeError(f"symmetric must be a bool, got {type(symmetric).__name__}")
     if w.numel() and not bool(torch.isfinite(w).all()):
         raise ValueError(f"{name} contains NaN or Inf")
+    if w.dtype == torch.float64 and w.numel():
+        absmax = float(w.abs().max())
+        if absmax > torch.finfo(torch.float32).max:
+            raise ValueError(f"{name} has values beyond the float32 range (max |{name}| = {absmax:g}); "
+                             f"the float32 scale and offset cannot represent them")
+
+
+def _quantize(w_nk: torch.Tensor, bits: int, block_size: int, symmetric: bool, method, calibration,
+              options):
+    q, scale, offset = quantizers.quantize(w_nk, bits=bits, block_size=block_size, symmetric=symmetric,
+                                           method=method, calibration=calibration, options=options)
+    for name, t in (("scale", scale), ("offset", offset)):
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"w: quantization gave a non-finite {name} (values too large for the "
+                             f"float32 {name}, max |w| = {float(w_nk.abs().max()):g})")
+    return q, scale, offset
 
 
 def _pack(q: torch.Tensor, bits: int) -> torch.Tensor:
@@ -243,29 +242,39 @@ def _pack(q: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def quantize_weight(w: torch.Tensor, *, bits: int = 8, block_size: int | None = 128,
-                    symmetric: bool = True) -> QuantizedWeight:
+                    symmetric: bool = True, method: str = "minmax",
+                    calibration: torch.Tensor | None = None, options: dict | None = None) -> QuantizedWeight:
     """Quantize w [N, K] per block of ``block_size`` along K (None => per output channel).
 
+    method="minmax" (default):
     symmetric: scale = absmax / qmax (qmax 127 or 7), offset = 0.
     asymmetric: scale = (max - min) / (2^bits - 1), offset = max - qmax * scale.
     q = clamp(round_half_even((w - offset) / scale), qmin, qmax). A zero block (symmetric) or a
     zero-range block (asymmetric) gets scale 1 (and offset = max), so it round-trips exactly.
+
+    Other methods ("mse", "hqq", "imatrix", "gptq"; see ``cutlass_ops.quantizers``) choose the
+    scale/offset (and, for "gptq", the integers) to lower the error, in the same format.
+    calibration: layer inputs X [*, K] for "imatrix" and "gptq" (ValueError if missing there or
+    given to another method). options: a dict of the method's options, e.g. {"act_order": True}.
     """
     _check_weight_args(w, "w", 2, "[N, K]", bits, symmetric)
     N, K = w.shape
     block_size = check_block_size(block_size, K)
     if bits == 4:
         check_int4_K(K, "w.shape[1]")
-    q, scale, offset = _quantize_blocks(w, bits, block_size, symmetric)
+    q, scale, offset = _quantize(w, bits, block_size, symmetric, method, calibration, options)
     return QuantizedWeight(_pack(q, bits), scale, offset, bits, block_size, N, K, None, symmetric)
 
 
 def quantize_conv_weight(w: torch.Tensor, *, bits: int = 8, block_size: int | None = None,
-                         symmetric: bool = True) -> QuantizedWeight:
+                         symmetric: bool = True, method: str = "minmax",
+                         calibration: torch.Tensor | None = None,
+                         options: dict | None = None) -> QuantizedWeight:
     """Quantize a conv weight [Co, Ci, Kh, Kw]: stored as [Co, Kh, Kw, Ci] = [N, K = Kh*Kw*Ci].
 
     Blocks run along Ci; ``block_size`` must divide Ci. None => one block per (co, kh, kw) over
-    the whole Ci (G = Kh*Kw groups per output channel).
+    the whole Ci (G = Kh*Kw groups per output channel). method/calibration/options as in
+    ``quantize_weight``; calibration rows are im2col patches in the stored K order (kh, kw, ci).
     """
     _check_weight_args(w, "w", 4, "[Co, Ci, Kh, Kw]", bits, symmetric)
     Co, Ci, Kh, Kw = w.shape
@@ -274,7 +283,7 @@ def quantize_conv_weight(w: torch.Tensor, *, bits: int = 8, block_size: int | No
     if bits == 4:
         check_int4_K(K, "w: Kh*Kw*Ci")
     w_nk = w.permute(0, 2, 3, 1).reshape(Co, K)
-    q, scale, offset = _quantize_blocks(w_nk, bits, block_size, symmetric)
+    q, scale, offset = _quantize(w_nk, bits, block_size, symmetric, method, calibration, options)
     return QuantizedWeight(_pack(q, bits), scale, offset, bits, block_size, Co, K, (Co, Kh, Kw, Ci),
                            symmetric)
 

@@ -103,6 +103,51 @@ def test_quantize_weight_rejects_nan():
         quantize_weight(w, bits=8, block_size=32)
 
 
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")])
+def test_quantize_weight_rejects_non_finite_weights(bad):
+    w = torch.ones(2, 32, dtype=torch.float64)
+    w[0, 7] = bad
+    with pytest.raises(ValueError, match="^w contains NaN or Inf"):
+        quantize_weight(w, bits=4, block_size=32)
+    with pytest.raises(ValueError, match="^w contains NaN or Inf"):
+        quantize_conv_weight(w.reshape(2, 8, 2, 2), bits=8)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_float64_weight_beyond_float32_range_is_rejected(symmetric):
+    # Its float32 scale would be infinite (silently dequantizing to inf/nan).
+    w = torch.ones(2, 32, dtype=torch.float64)
+    w[1, 5] = 1e39
+    with pytest.raises(ValueError, match="^w has values beyond the float32 range"):
+        quantize_weight(w, bits=8, block_size=32, symmetric=symmetric)
+    # The largest float32 still quantizes to a finite scale and offset.
+    w[1, 5] = float(torch.finfo(torch.float32).max)
+    qw = quantize_weight(w, bits=8, block_size=32, symmetric=symmetric)
+    assert bool(torch.isfinite(qw.scale).all()) and bool(torch.isfinite(qw.offset).all())
+
+
+@pytest.mark.parametrize("bits", [8.0, 4.0, True, "8", None])
+def test_bits_must_be_an_int(bits):
+    w = torch.randn(2, 32)
+    with pytest.raises(TypeError, match="^bits must be an int"):
+        quantize_weight(w, bits=bits, block_size=32)
+    with pytest.raises(TypeError, match="^bits must be an int"):
+        quantize_conv_weight(w.reshape(2, 8, 2, 2), bits=bits)
+    qw = quantize_weight(w, bits=8, block_size=32)
+    with pytest.raises(TypeError, match="^QuantizedWeight.bits must be an int"):
+        QuantizedWeight(qw.qweight, qw.scale, qw.offset, bits, 32, 2, 32)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.uint8, torch.bool, torch.complex64,
+                                   "float32", float])
+def test_dequantize_needs_a_floating_dtype(dtype):
+    qw = quantize_weight(torch.randn(2, 32), bits=4, block_size=32)
+    with pytest.raises(TypeError, match="^dtype must be a floating torch.dtype"):
+        qw.dequantize(dtype)
+    for ok in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        assert qw.dequantize(ok).dtype == ok
+
+
 def test_nbytes_and_to():
     qw = quantize_weight(torch.randn(6, 64), bits=4, block_size=32)
     assert qw.nbytes == 6 * 32 + 2 * (6 * 2 * 4)
