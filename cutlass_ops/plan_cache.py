@@ -8,7 +8,7 @@ Entries hold only weak references to the weight's tensors, so freeing a weight f
 ``QuantizedWeight`` itself: it pickles and deep-copies as plain data.
 
 Bounded: at most :data:`MAX_WEIGHTS` weights and :data:`MAX_PLANS_PER_WEIGHT` plans per weight,
-least recently used first out (a server that sees many M keeps a bounded set of plans).
+oldest weight first out, least recently used plan first out (a server that sees many M keeps a bounded set of plans).
 """
 from __future__ import annotations
 
@@ -41,11 +41,6 @@ _lock = threading.RLock()  # reentrant: a weakref callback may run inside a lock
 _entries: OrderedDict[tuple, WeightEntry] = OrderedDict()
 
 
-def _signature(qw) -> tuple:
-    q, s, o = qw.qweight, qw.scale, qw.offset
-    return (q.data_ptr(), s.data_ptr(), o.data_ptr(), q._version, s._version, o._version)
-
-
 def _drop(key: tuple) -> Callable[[Any], None]:
     def callback(_ref) -> None:
         with _lock:
@@ -56,13 +51,13 @@ def _drop(key: tuple) -> Callable[[Any], None]:
 def entry(qw) -> WeightEntry:
     """The cache entry of ``qw`` (a fresh one if its tensors changed since the last call)."""
     q, s, o = qw.qweight, qw.scale, qw.offset
+    # An id names the same live tensor for as long as the entry exists: the weak references'
+    # callbacks drop the entry as the tensor is freed, before its id can be reused.
     key = (id(q), id(s), id(o))
-    sig = _signature(qw)
+    sig = (q.data_ptr(), s.data_ptr(), o.data_ptr(), q._version, s._version, o._version)
     found = _entries.get(key)
     if found is not None and found.signature == sig:
-        refs = found.refs
-        if refs[0]() is q and refs[1]() is s and refs[2]() is o:
-            return found
+        return found
     with _lock:
         callback = _drop(key)
         found = WeightEntry(sig, (weakref.ref(q, callback), weakref.ref(s, callback), weakref.ref(o, callback)))
@@ -75,14 +70,13 @@ def entry(qw) -> WeightEntry:
 
 def plan(qw, key: Any, build: Callable[[], T]) -> T:
     """The plan of ``qw`` under ``key``, built by ``build()`` on a miss (and kept, LRU-bounded)."""
-    e = entry(qw)
-    plans = e.plans
+    plans = entry(qw).plans
     found = plans.get(key)
     if found is not None:
-        if len(plans) > 1:
-            with _lock:
-                if key in plans:
-                    plans.move_to_end(key)
+        try:
+            plans.move_to_end(key)  # one C call under the GIL: no lock needed for the LRU order
+        except KeyError:  # evicted by another thread meanwhile: it stays usable for this call
+            pass
         return found
     built = build()
     with _lock:

@@ -15,7 +15,8 @@ from custom_kernels import compile_file
 from custom_kernels.cuda_paths import cuda_include_dirs, nvcc_path
 from custom_kernels.nvrtc import KERNEL_DIR
 from cutlass_ops.formats import quantize_weight
-from cutlass_ops.ops import weight_only as wo
+from cutlass_ops import weight_only as wo
+from cutlass_ops.weight_only import dequant_cublas, dispatch, gemm_mma, gemv_dp4a, variants
 
 GEMV_STREAM = [f"gemv_stream_m{m}" for m in range(1, 9)]
 ELEMENT_BITS = [(e, b) for e in (0, 1, 2) for b in (4, 8)]
@@ -45,25 +46,26 @@ def test_dequant_nvrtc_builds_every_element_and_width(element, bits):
 @pytest.mark.parametrize("arch", [75, 80, 90])
 @pytest.mark.parametrize("element, bits", [(0, 4), (1, 8)])
 def test_gemv_stream_entries_each_arch(arch, element, bits):
-    cubin = compile_file("gemv_weight_only.cu", arch, defines={"WO_ELEMENT": element, "WO_BITS": bits})
+    cubin = compile_file("gemv_stream.cu", arch, defines={"WO_ELEMENT": element, "WO_BITS": bits})
     missing = [e for e in GEMV_STREAM if not _has(cubin.data, e)]
     assert not missing, f"sm_{arch} {element}/{bits}: cubin lacks {missing}"
 
 
 @pytest.mark.parametrize("element, bits", [(0, 8), (1, 4)])
 def test_gemv_stream_entries_other_widths(element, bits):
-    cubin = compile_file("gemv_weight_only.cu", "90a", defines={"WO_ELEMENT": element, "WO_BITS": bits})
+    cubin = compile_file("gemv_stream.cu", "90a", defines={"WO_ELEMENT": element, "WO_BITS": bits})
     missing = [e for e in GEMV_STREAM if not _has(cubin.data, e)]
     assert not missing
 
 
-def test_dequant_plain_nvcc_builds(tmp_path):
-    out = tmp_path / "dequant_weight.cubin"
+@pytest.mark.parametrize("name, entries", [("dequant_weight.cu", ["dequant_weight"]), ("gemv_stream.cu", GEMV_STREAM)])
+def test_plain_nvcc_builds(name, entries, tmp_path):
+    out = tmp_path / (name + ".cubin")
     cmd = [nvcc_path(), "-std=c++17", "-arch=sm_80", "-cubin", "-o", str(out), f"-I{KERNEL_DIR}",
-           *[f"-I{d}" for d in cuda_include_dirs()], str(KERNEL_DIR / "dequant_weight.cu")]
+           *[f"-I{d}" for d in cuda_include_dirs()], str(KERNEL_DIR / name)]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert _has(out.read_bytes(), "dequant_weight")
+    assert all(_has(out.read_bytes(), e) for e in entries)
 
 
 def _constant(filename: str, name: str) -> int:
@@ -75,17 +77,20 @@ def _constant(filename: str, name: str) -> int:
 
 
 def test_host_mirrors_kernel_constants():
-    assert wo._STREAM_ROWS == _constant("gemv_weight_only.cu", "GEMV_STREAM_ROWS")
-    assert wo._STREAM_WARPS == _constant("gemv_weight_only.cu", "GEMV_STREAM_WARPS")
-    assert wo._STREAM_MIN_BLOCKS == _constant("gemv_weight_only.cu", "GEMV_STREAM_MIN_BLOCKS")
+    assert variants._STREAM_ROWS == _constant("gemv_stream.cu", "GEMV_STREAM_ROWS")
+    assert variants._STREAM_WARPS == _constant("gemv_stream.cu", "GEMV_STREAM_WARPS")
+    assert variants._STREAM_MIN_BLOCKS == _constant("gemv_stream.cu", "GEMV_STREAM_MIN_BLOCKS")
     defaults = wo.GemvMmaConfig()
-    assert defaults.row_tiles == _constant("gemv_weight_only.cu", "GEMV_MMA_ROW_TILES")
-    assert defaults.unroll == _constant("gemv_weight_only.cu", "GEMV_MMA_UNROLL")
-    assert defaults.min_blocks == _constant("gemv_weight_only.cu", "GEMV_MMA_MIN_BLOCKS")
+    assert defaults.row_tiles == _constant("gemv_mma.cu", "GEMV_MMA_ROW_TILES")
+    assert defaults.unroll == _constant("gemv_mma.cu", "GEMV_MMA_UNROLL")
+    assert defaults.min_blocks == _constant("gemv_mma.cu", "GEMV_MMA_MIN_BLOCKS")
     assert wo.GemvMmaConfig().defines() == {} and wo.StreamConfig().defines() == {}
-    assert wo._DEQUANT_WARPS == _constant("dequant_weight.cu", "kWarps")
-    assert wo._DEQUANT_BLOCKS_PER_SM == _constant("dequant_weight.cu", "kMinBlocks")
-    assert wo._DEQUANT_WORDS_PER_TILE == _constant("dequant_weight.cu", "kWordsPerTile")
+    assert dequant_cublas.WARPS == _constant("dequant_weight.cu", "kWarps")
+    assert dequant_cublas.BLOCKS_PER_SM == _constant("dequant_weight.cu", "kMinBlocks")
+    assert dequant_cublas.WORDS_PER_TILE == _constant("dequant_weight.cu", "kWordsPerTile")
+    assert gemm_mma.BLOCK_N == _constant("gemm_mma.cu", "kBN")
+    assert gemm_mma.THREADS == _constant("gemm_mma.cu", "kThreads")
+    assert gemv_dp4a.Q_BLOCK == _constant("gemv_dp4a.cu", "kQBlock")
 
 
 # --------------------------------------------------------------------------------------------
@@ -98,7 +103,7 @@ def _qw(N=64, K=256, bits=4, block_size=64):
 
 
 def test_strategies_name_every_planner():
-    assert set(wo.STRATEGIES) == set(wo._PLANNERS)
+    assert set(wo.STRATEGIES) == set(wo.PLANS)
     assert {"gemv_stream", "dequant_cublas"} <= set(wo.STRATEGIES)
     assert len(set(wo.STRATEGIES)) == len(wo.STRATEGIES)
 
@@ -133,7 +138,7 @@ def test_small_m_table_flips_the_default(monkeypatch):
 
 def test_threshold_moves_the_dispatch(monkeypatch):
     qw = _qw()
-    monkeypatch.setattr(wo, "DEQUANT_CUBLAS_MIN_M", 64)
+    monkeypatch.setattr(dispatch, "DEQUANT_CUBLAS_MIN_M", 64)
     assert wo.choose_strategy(64, torch.float16, qw, 90) == "dequant_cublas"
     assert wo.choose_strategy(63, torch.float16, qw, 90) == "gemv_mma"
 
@@ -171,7 +176,7 @@ T4 = (40, 65536, 65536, 0)
 
 def _budget(device) -> int:
     _, per_sm, per_block, reserved = device
-    return min(per_block, per_sm // wo._STREAM_MIN_BLOCKS - reserved) - wo._STREAM_STATIC_SMEM
+    return min(per_block, per_sm // variants._STREAM_MIN_BLOCKS - reserved) - variants._STREAM_STATIC_SMEM
 
 
 def test_stream_shape_h100_main_case():
@@ -203,8 +208,8 @@ def test_stream_shape_invariants(device, M, bits, N, K):
     assert (shape.splits - 1) * shape.chunks_per_split < chunks        # no empty split
     assert shape.smem == M * shape.chunks_per_split * (2 * (128 // bits) + 4)
     assert shape.smem <= _budget(device)                               # two blocks per SM fit
-    assert 1 <= shape.grid_x <= max(1, math.ceil(math.ceil(N / wo._STREAM_ROWS) / wo._STREAM_WARPS))
-    assert shape.grid_x * shape.splits <= device[0] * wo._STREAM_MIN_BLOCKS + shape.splits
+    assert 1 <= shape.grid_x <= max(1, math.ceil(math.ceil(N / variants._STREAM_ROWS) / variants._STREAM_WARPS))
+    assert shape.grid_x * shape.splits <= device[0] * variants._STREAM_MIN_BLOCKS + shape.splits
 
 
 def test_stream_shape_rejects_impossible_budget():

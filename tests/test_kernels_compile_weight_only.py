@@ -1,8 +1,9 @@
 """CPU tests for the weight-only kernels: every source builds with NVRTC (sm_75/80/90) and plain nvcc,
-exports its entry points, and the host-side dispatch/packing in cutlass_ops.ops.weight_only is right.
+exports its entry points, and the host-side dispatch/packing in cutlass_ops.weight_only is right.
 No GPU needed."""
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -12,7 +13,7 @@ from custom_kernels import compile_file
 from custom_kernels.cuda_paths import cuda_include_dirs, nvcc_path
 from custom_kernels.nvrtc import KERNEL_DIR
 from cutlass_ops.formats import quantize_weight
-from cutlass_ops.ops import weight_only as wo
+from cutlass_ops import weight_only as wo
 
 GEMV_MMA = [f"gemv_mma_mt{t}" for t in (1, 2, 4, 8)]
 GEMV_SIMT = [f"gemv_simt_m{m}" for m in range(1, 9)]
@@ -22,23 +23,30 @@ CONVERTERS = [f"test_{n}" for n in ("int4s_to_half2x4", "uint4s_to_half2x4", "in
                                     "int8s_to_bf162x2", "uint8s_to_bf162x2")]
 
 
-def _entries(filename: str, element: int) -> list[str]:
-    """Entry points a build of ``filename`` must export (WO_ELEMENT 2 = float has no mma kernels)."""
-    mma = element != 2
-    if filename == "gemv_weight_only.cu":
-        return (GEMV_MMA if mma else []) + GEMV_SIMT + ["splitk_reduce"]
-    if filename == "gemm_weight_only.cu":
-        return (GEMM_MMA if mma else []) + ["gemm_simt"]
-    if filename == "gemv_dp4a.cu":
-        return ["quantize_q8_1"] + [f"gemv_dp4a_m{m}" for m in range(1, 9)]
-    return CONVERTERS
+ENTRIES = {
+    "gemv_mma.cu": GEMV_MMA,
+    "gemv_simt.cu": GEMV_SIMT,
+    "splitk_reduce.cu": ["splitk_reduce"],
+    "gemm_mma.cu": GEMM_MMA,
+    "gemm_simt.cu": ["gemm_simt"],
+    "gemv_dp4a.cu": ["quantize_q8_1"] + [f"gemv_dp4a_m{m}" for m in range(1, 9)],
+    "converters_test.cu": CONVERTERS,
+}
 
 
-# (file, defines): every element type x bit width each source is built with at run time.
+def _entries(filename: str) -> list[str]:
+    """Entry points a build of ``filename`` must export."""
+    return ENTRIES[filename]
+
+
+# (file, defines): every element type x bit width each source is built with at run time (the
+# tensor-core kernels only for half / bfloat16: WO_ELEMENT 0 / 1).
 BUILDS = [("converters_test.cu", {})]
-BUILDS += [(f, {"WO_ELEMENT": e, "WO_BITS": b}) for f in ("gemv_weight_only.cu", "gemm_weight_only.cu")
+BUILDS += [(f, {"WO_ELEMENT": e, "WO_BITS": b}) for f in ("gemv_mma.cu", "gemm_mma.cu")
+           for e in (0, 1) for b in (4, 8)]
+BUILDS += [(f, {"WO_ELEMENT": e, "WO_BITS": b}) for f in ("gemv_simt.cu", "gemm_simt.cu")
            for e in (0, 1, 2) for b in (4, 8)]
-BUILDS += [("gemv_dp4a.cu", {"WO_ELEMENT": e}) for e in (0, 1, 2)]
+BUILDS += [(f, {"WO_ELEMENT": e}) for f in ("splitk_reduce.cu", "gemv_dp4a.cu") for e in (0, 1, 2)]
 DEFAULT_BUILDS = [b for b in BUILDS if b[1] in ({}, {"WO_ELEMENT": 0, "WO_BITS": 4}, {"WO_ELEMENT": 0})]
 
 
@@ -49,7 +57,7 @@ def _build_id(build) -> str:
 
 def _assert_entries(data: bytes, build) -> None:
     name, defines = build
-    missing = [e for e in _entries(name, defines.get("WO_ELEMENT", 0)) if e.encode() + b"\0" not in data]
+    missing = [e for e in _entries(name) if e.encode() + b"\0" not in data]
     assert not missing, f"{name} {defines}: cubin lacks entry points {missing}"
 
 
@@ -69,7 +77,7 @@ def test_nvrtc_builds_every_element_and_width(build):
     _assert_entries(cubin.data, build)
 
 
-@pytest.mark.parametrize("name", ["converters_test.cu", "gemv_weight_only.cu", "gemm_weight_only.cu", "gemv_dp4a.cu"])
+@pytest.mark.parametrize("name", sorted(ENTRIES))
 def test_plain_nvcc_builds(name, tmp_path):
     out = tmp_path / (name + ".cubin")
     cmd = [nvcc_path(), "-std=c++17", "-arch=sm_80", "-cubin", "-o", str(out), f"-I{KERNEL_DIR}",
@@ -91,7 +99,7 @@ def _qw(N=64, K=256, bits=4, block_size=64, symmetric=False):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_scale_offset_words_pack_both_halves(dtype):
     qw = _qw()
-    words = wo._scale_offset_words(qw, dtype)
+    words = wo.pack_scale_offset(qw, dtype)
     assert words.dtype == torch.int32 and words.shape == (qw.N, qw.num_groups)
     halves = words.view(torch.int16).reshape(qw.N, qw.num_groups, 2).view(dtype)
     assert torch.equal(halves[..., 0], qw.scale.to(dtype))
@@ -102,8 +110,8 @@ def test_scale_offset_words_reject_float16_overflow():
     qw = _qw()
     qw.scale[0, 0] = 1e6
     with pytest.raises(ValueError, match="overflow"):
-        wo._scale_offset_words(qw, torch.float16)
-    assert wo._scale_offset_words(qw, torch.bfloat16).shape == (qw.N, qw.num_groups)
+        wo.pack_scale_offset(qw, torch.float16)
+    assert wo.pack_scale_offset(qw, torch.bfloat16).shape == (qw.N, qw.num_groups)
 
 
 @pytest.mark.parametrize("M, dtype, cc, bits, block_size, expected", [
@@ -138,7 +146,7 @@ def test_strategy_problem_names_the_constraint():
 def test_gemm_shared_memory_fits_sm80():
     for config in wo.GEMM_CONFIGS:
         for bits in (4, 8):
-            assert wo._gemm_mma_smem(config.m_tile, bits) <= 163 * 1024  # A100 opt-in maximum per block
+            assert wo.gemm_mma_smem(config.m_tile, bits) <= 163 * 1024  # A100 opt-in maximum per block
 
 
 def test_gemm_config_names_built_kernels():
@@ -148,16 +156,60 @@ def test_gemm_config_names_built_kernels():
 
 
 def test_block_shift():
-    assert wo._block_shift(_qw(K=256, block_size=64)) == 6
-    assert wo._block_shift(_qw(K=256, block_size=None)) == 30
-    assert wo._block_shift(_qw(K=384, block_size=96)) == -1
+    assert wo.block_shift(_qw(K=256, block_size=64)) == 6
+    assert wo.block_shift(_qw(K=256, block_size=None)) == 30
+    assert wo.block_shift(_qw(K=384, block_size=96)) == -1
 
 
-def test_linear_weight_only_validates_before_any_launch():
+def test_linear_validates_before_any_launch():
+    """The public API checks dtypes, shapes and devices once; linear_weight_only then checks only its
+    own arguments (strategy, out), still before any launch."""
+    import cutlass_ops
+
     qw = _qw()
-    with pytest.raises(TypeError, match="x2d"):
-        wo.linear_weight_only(torch.zeros(2, qw.K, dtype=torch.int32), qw)
+    with pytest.raises(TypeError, match="x"):
+        cutlass_ops.linear(torch.zeros(2, qw.K, dtype=torch.int32), qw)
     with pytest.raises(ValueError, match="K=256"):
-        wo.linear_weight_only(torch.zeros(2, 100), qw)
-    with pytest.raises(ValueError, match="CUDA"):
-        wo.linear_weight_only(torch.zeros(2, qw.K), qw)
+        cutlass_ops.linear(torch.zeros(2, 100), qw)
+    with pytest.raises((RuntimeError, ValueError), match="GPU|CUDA"):
+        cutlass_ops.linear(torch.zeros(2, qw.K), qw)
+    with pytest.raises(ValueError, match="strategy"):
+        wo.linear_weight_only(torch.zeros(2, qw.K), qw, strategy="cublas")
+    with pytest.raises(ValueError, match="out"):
+        wo.linear_weight_only(torch.zeros(2, qw.K), qw, out=torch.empty(2, qw.N + 1))
+
+
+def test_every_strategy_has_a_plan_class_of_the_same_shape():
+    assert set(wo.PLANS) == set(wo.STRATEGIES)
+    for strategy, cls in wo.PLANS.items():
+        assert cls.strategy == strategy
+        assert callable(getattr(cls, "__call__"))
+        assert isinstance(cls.bias_tensor, bool) and isinstance(cls.per_m, bool)
+    assert wo.PLANS["dequant_cublas"].bias_tensor and not wo.PLANS["dequant_cublas"].per_m
+
+
+def _parameters(filename: str, name: str) -> list[str]:
+    """Parameter names of the last ``name(...)`` (the extern "C" definition, or its entry macro) in a source."""
+    text = (KERNEL_DIR / filename).read_text()
+    sig = text[text.rindex(name + "(") + len(name) + 1:]
+    sig = sig[:sig.index(")")].replace("\\", " ")
+    return [p.split()[-1].lstrip("*") for p in sig.split(",")]
+
+
+def test_kernel_args_name_the_kernel_parameters():
+    """Each KernelArgs class lists its kernel's C parameters, by name and in order."""
+    from cutlass_ops.weight_only import (
+        dequant_cublas, gemm_mma, gemm_simt, gemv_dp4a, gemv_mma, gemv_simt, gemv_stream, splitk,
+    )
+
+    cases = [(gemv_mma.GemvMmaArgs, "gemv_mma.cu", "gemv_mma_mt##MT"),
+             (gemv_stream.GemvStreamArgs, "gemv_stream.cu", "gemv_stream_m##M_"),
+             (gemv_simt.GemvSimtArgs, "gemv_simt.cu", "gemv_simt_m##M_"),
+             (splitk.SplitKReduceArgs, "splitk_reduce.cu", "splitk_reduce"),
+             (gemv_dp4a.QuantizeQ81Args, "gemv_dp4a.cu", "quantize_q8_1"),
+             (gemv_dp4a.GemvDp4aArgs, "gemv_dp4a.cu", "gemv_dp4a_m##M_"),
+             (gemm_mma.GemmMmaArgs, "gemm_mma.cu", "gemm_mma_mt##MT8"),
+             (gemm_simt.GemmSimtArgs, "gemm_simt.cu", "gemm_simt"),
+             (dequant_cublas.DequantArgs, "dequant_weight.cu", "dequant_weight")]
+    for args, filename, anchor in cases:
+        assert [f[0] for f in args._fields_] == _parameters(filename, anchor), (args.__name__, filename)

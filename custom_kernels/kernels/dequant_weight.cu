@@ -35,14 +35,10 @@ namespace dequant {
 
 constexpr int kWarps = 8;           // warps per block (the host launches 32 * kWarps threads)
 constexpr int kMinBlocks = 2;       // blocks per SM the launch bounds promise (<= 128 registers; the host
-                                    // launches kMinBlocks blocks per SM: weight_only._DEQUANT_BLOCKS_PER_SM)
+                                    // launches kMinBlocks blocks per SM: weight_only.dequant_cublas.BLOCKS_PER_SM)
 constexpr int kTilesInFlight = 4;   // 16-byte weight loads per thread issued before any conversion
 constexpr int kWordsPerTile = 128;  // 32 lanes x one 16-byte chunk (4 words)
 
-
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
 
 // Flat group index of flat element e: a shift for power-of-two block sizes, else a division.
 __device__ __forceinline__ int64_t group_of(int64_t e, int block_size, int block_shift) {

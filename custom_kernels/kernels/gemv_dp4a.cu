@@ -13,6 +13,7 @@
 // Entry points: quantize_q8_1 (activations -> q8_1) and gemv_dp4a_m{1..8} (int8 weights,
 // block_size a multiple of 32, K a multiple of 32).
 #include "common.cuh"
+#include "stream_loads.cuh"
 
 #include "weight_only_types.cuh"
 
@@ -20,14 +21,6 @@ namespace cuops {
 namespace dp4a {
 
 constexpr int kQBlock = 32;  // activation quantization block (QK8_1)
-
-// 16-byte weight load: read-only path, no L1 allocation (each byte is used exactly once).
-__device__ __forceinline__ uint4 load_stream_16B(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
 
 // One warp per 32-block: lane i quantizes element i. Grid (ceil(K/32 / warps), M).
 template <typename T>

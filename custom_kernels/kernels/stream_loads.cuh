@@ -1,4 +1,5 @@
-// Streaming global loads of weights that are read exactly once (GEMV, dequantization).
+// Streaming global loads of weights that are read exactly once (GEMV, dequantization), and the
+// word accessor of a 16-byte load.
 #pragma once
 
 #include "common.cuh"
@@ -28,6 +29,20 @@ __device__ __forceinline__ uint4 load_stream_16B_hint(const void* p, uint64_t po
                : "l"(p));
 #endif
   return v;
+}
+
+// 16-byte weight load: read-only path, no L1 allocation (each byte is used exactly once).
+// volatile keeps a trip's loads ahead of its (volatile) mma in the PTX; ptxas may still interleave.
+__device__ __forceinline__ uint4 load_stream_16B(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// 32-bit word i (0..3) of a 16-byte load.
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
 }  // namespace cuops

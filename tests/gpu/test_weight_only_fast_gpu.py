@@ -1,4 +1,4 @@
-"""The bandwidth strategies of cutlass_ops.ops.weight_only on a GPU: "gemv_stream" (CUDA-core GEMV,
+"""The bandwidth strategies of cutlass_ops.weight_only on a GPU: "gemv_stream" (CUDA-core GEMV,
 M <= 8) and "dequant_cublas" (dense dequantization + cuBLAS), against float64 references, with
 outputs poisoned (NaN) before every launch so that unwritten elements fail.
 
@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cutlass_ops.ops import weight_only as wo
+from custom_kernels.device import sm_count, smem_limits
+from cutlass_ops import weight_only as wo
 from cutlass_ops.reference import linear_reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -164,9 +165,9 @@ def test_default_dispatch_uses_dequant_cublas_from_the_threshold(dtype):
     M = wo.DEQUANT_CUBLAS_MIN_M
     x, bias = _inputs(M, K_MAIN, N_MAIN, dtype, seed=22)
     _check(x, qw, bias, 2, None)
-    plan = wo._get_plan(qw, M, dtype, x.device.index, None)
+    plan = wo.get_plan(qw, M, dtype, x.device.index)
     assert plan.strategy == "dequant_cublas"
-    assert wo._get_plan(qw, M - 1, dtype, x.device.index, None).strategy != "dequant_cublas"
+    assert wo.get_plan(qw, M - 1, dtype, x.device.index).strategy != "dequant_cublas"
 
 
 def test_dequant_cublas_follows_in_place_scale_change():
@@ -246,7 +247,7 @@ def test_gemv_stream_split_k_is_exact_and_deterministic(bits, M):
     N, K = 256, 8192
     qw = _weight(N, K, bits, 128, False)
     x, bias = _inputs(M, K, N, torch.float16, seed=33)
-    shape = wo.stream_launch_shape(M, N, K, bits, wo._sm_count(_dev()), *wo._smem_limits(_dev()))
+    shape = wo.stream_launch_shape(M, N, K, bits, sm_count(_dev()), *smem_limits(_dev()))
     assert shape.splits > 1
     first = _check_stream(x, qw, bias, 0)
     second = wo.linear_weight_only(x, qw, bias, 0, strategy="gemv_stream")
@@ -258,8 +259,8 @@ def test_gemv_stream_long_k_splits_for_shared_memory(dtype):
     """M = 8, K = 16384: the activations (256 KiB) exceed one block's shared memory, so K is split."""
     M, N, K = 8, 1031, 16384
     qw = _weight(N, K, 4, 128, False)
-    shape = wo.stream_launch_shape(M, N, K, 4, wo._sm_count(_dev()), *wo._smem_limits(_dev()))
-    assert shape.splits > 1 and shape.smem <= wo._smem_limits(_dev())[1]
+    shape = wo.stream_launch_shape(M, N, K, 4, sm_count(_dev()), *smem_limits(_dev()))
+    assert shape.splits > 1 and shape.smem <= smem_limits(_dev())[1]
     x, bias = _inputs(M, K, N, dtype, seed=34)
     _check_stream(x, qw, bias, 2)
 
@@ -314,7 +315,7 @@ def test_gemv_stream_table_flip_routes_the_default(monkeypatch):
                          symmetric=False)
     x, bias = _inputs(1, K_MAIN, N_MAIN, torch.float16, seed=38)
     monkeypatch.setitem(wo.SMALL_M_GEMV, 1, "gemv_stream")
-    assert wo._get_plan(qw, 1, torch.float16, x.device.index, None).strategy == "gemv_stream"
+    assert wo.get_plan(qw, 1, torch.float16, x.device.index).strategy == "gemv_stream"
     _check(x, qw, bias, 2, None)
 
 

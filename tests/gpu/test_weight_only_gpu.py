@@ -1,4 +1,4 @@
-"""Weight-only linear (cutlass_ops.ops.weight_only) on a GPU: every strategy against the float64
+"""Weight-only linear (cutlass_ops.weight_only) on a GPU: every strategy against the float64
 reference, on odd shapes, with outputs poisoned (NaN) before the launch so unwritten elements fail.
 
 Tolerance (per output element), derived from the format:
@@ -12,14 +12,17 @@ A wrong group scale or a dropped chunk moves outputs by O(|ref|), far outside th
 """
 from __future__ import annotations
 
+import copy
 import functools
 import math
+import pickle
 
 import pytest
 import torch
 
 from cutlass_ops.formats import QuantizedWeight, quantize_weight
-from cutlass_ops.ops import weight_only as wo
+from cutlass_ops import plan_cache
+from cutlass_ops import weight_only as wo
 from cutlass_ops.reference import linear_reference
 
 pytestmark = pytest.mark.gpu
@@ -280,3 +283,39 @@ def test_forced_strategy_that_cannot_run_is_refused():
         wo.linear_weight_only(x, qw, strategy="gemv_mma")
     with pytest.raises(ValueError, match="int8"):
         wo.linear_weight_only(x, qw, strategy="gemv_dp4a")
+
+
+def test_plans_live_in_the_plan_cache_not_on_the_weight():
+    """Nothing is stored on the QuantizedWeight (a used weight pickles and deep-copies as plain data);
+    the default dispatch and the forced strategy share one plan, and the plans of one weight share its
+    packed (scale, offset) words."""
+    cached = _weight(256, 1024, 4, 64, False)
+    qw = QuantizedWeight(cached.qweight.clone(), cached.scale.clone(), cached.offset.clone(), 4, 64, 256, 1024,
+                         symmetric=False)
+    fields = set(qw.__dict__)
+    x, bias = _inputs(2, 1024, 256, torch.float16, seed=11)
+    first = wo.linear_weight_only(x, qw, bias, 0, strategy="gemv_mma")
+    wo.linear_weight_only(x[:1], qw, bias, 0, strategy="gemv_mma")
+    wo.linear_weight_only(x, qw, bias, 0)
+    assert set(qw.__dict__) == fields
+    clone = pickle.loads(pickle.dumps(qw))
+    assert torch.equal(wo.linear_weight_only(x, clone, bias, 0, strategy="gemv_mma"), first)
+    copy.deepcopy(qw)
+    dev = x.device.index
+    p2 = wo.get_plan(qw, 2, torch.float16, dev, "gemv_mma")
+    assert wo.get_plan(qw, 2, torch.float16, dev) is p2  # default dispatch (gemv_mma at M = 2 on sm_80+)
+    assert wo.get_plan(qw, 1, torch.float16, dev, "gemv_mma")._keep[0] is p2._keep[0]
+    assert plan_cache.entry(qw).plans
+
+
+def test_plan_cache_forgets_a_freed_weight():
+    cached = _weight(256, 1024, 8, 64, False)
+    qw = QuantizedWeight(cached.qweight.clone(), cached.scale.clone(), cached.offset.clone(), 8, 64, 256, 1024,
+                         symmetric=False)
+    x, _ = _inputs(1, 1024, 256, torch.float16, seed=12)
+    before = plan_cache.stats()["weights"]
+    for strategy in ("gemv_mma", "gemv_stream", "dequant_cublas", "gemm_simt"):
+        wo.linear_weight_only(x, qw, strategy=strategy)
+    assert plan_cache.stats()["weights"] == before + 1
+    del qw
+    assert plan_cache.stats()["weights"] == before  # the plans held no reference to the weight's tensors

@@ -2,7 +2,7 @@
 
 ``GemmConfig`` / ``GemvMmaConfig`` / ``StreamConfig`` name a compiled variant of gemm_mma,
 gemv_mma and gemv_stream (their NVRTC defines); ``default_*`` pick the variant the default dispatch
-uses; ``stream_launch_shape`` sizes a gemv_stream launch for a GPU. ``cutlass_ops.ops.weight_only``
+uses; ``stream_launch_shape`` sizes a gemv_stream launch for a GPU. ``cutlass_ops.weight_only``
 re-exports all of it.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ def chunk_elems(bits: int) -> int:
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """A gemm_mma kernel variant (gemm_weight_only.cu ``gemm_mma_mt*``): m_tile = the CTA's M extent
+    """A gemm_mma kernel variant (gemm_mma.cu ``gemm_mma_mt*``): m_tile = the CTA's M extent
     (64 or 128; the N extent is 128)."""
 
     m_tile: int = 128
@@ -38,7 +38,7 @@ GEMM_CONFIGS = (GemmConfig(64), GemmConfig(128))
 
 @dataclass(frozen=True)
 class GemvMmaConfig:
-    """A gemv_mma kernel variant (gemv_weight_only.cu ``GEMV_MMA_*`` defines): ``row_tiles`` 16-row
+    """A gemv_mma kernel variant (gemv_mma.cu ``GEMV_MMA_*`` defines): ``row_tiles`` 16-row
     tiles of N per warp, ``unroll`` warp trips of weight loads issued before any use, ``min_blocks``
     the ``__launch_bounds__`` blocks per SM (M <= 16), ``warps`` the most warps splitting K in a block,
     ``splits`` the K splits across blocks (None: enough blocks for about 2 per SM)."""
@@ -60,14 +60,13 @@ class GemvMmaConfig:
     def defines(self) -> dict[str, int]:
         """The NVRTC defines that differ from the kernel's defaults (defaults compile as before)."""
         base = GemvMmaConfig()
-        tuned = {f"GEMV_MMA_{k.upper()}": getattr(self, k) for k in ("row_tiles", "unroll", "min_blocks")
-                 if getattr(self, k) != getattr(base, k)}
-        return {**tuned, "GEMV_FAMILY": 1} if tuned else {}  # a variant builds only its own family
+        return {f"GEMV_MMA_{k.upper()}": getattr(self, k) for k in ("row_tiles", "unroll", "min_blocks")
+                if getattr(self, k) != getattr(base, k)}
 
 
 @dataclass(frozen=True)
 class StreamConfig:
-    """A gemv_stream kernel variant (``GEMV_STREAM_*`` defines): ``rows`` weight rows per warp,
+    """A gemv_stream kernel variant (gemv_stream.cu ``GEMV_STREAM_*`` defines): ``rows`` weight rows per warp,
     ``warps`` per block, ``min_blocks`` the ``__launch_bounds__`` blocks per SM."""
 
     rows: int = 4
@@ -80,10 +79,10 @@ class StreamConfig:
                 raise ValueError(f"StreamConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
     def defines(self) -> dict[str, int]:
+        """The NVRTC defines that differ from the kernel's defaults (defaults compile as before)."""
         base = StreamConfig()
-        tuned = {f"GEMV_STREAM_{k.upper()}": getattr(self, k) for k in ("rows", "warps", "min_blocks")
-                 if getattr(self, k) != getattr(base, k)}
-        return {**tuned, "GEMV_FAMILY": 2} if tuned else {}
+        return {f"GEMV_STREAM_{k.upper()}": getattr(self, k) for k in ("rows", "warps", "min_blocks")
+                if getattr(self, k) != getattr(base, k)}
 
 
 def default_gemm_config(M: int) -> GemmConfig:

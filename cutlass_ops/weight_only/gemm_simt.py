@@ -1,0 +1,38 @@
+"""Strategy "gemm_simt": the CUDA-core GEMM that runs anything (gemm_simt.cu ``gemm_simt``): 64 x 64
+tiles, weights dequantized to fp32 in shared memory, fp32 arithmetic with the fp32 scale / offset."""
+from __future__ import annotations
+
+import torch
+
+from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
+
+from .shared import ELEMENT, block_shift
+
+__all__ = ["GemmSimtArgs", "GemmSimtPlan"]
+
+TILE = 64      # kSimtBM = kSimtBN
+THREADS = 256  # kSimtThreads
+
+
+class GemmSimtArgs(KernelArgs):
+    _fields_ = [("A", Ptr), ("B", Ptr), ("scale", Ptr), ("offset", Ptr), ("bias", Ptr), ("D", Ptr), ("M", I32),
+                ("N", I32), ("K", I32), ("G", I32), ("block_size", I32), ("block_shift", I32), ("act", I32)]
+
+
+class GemmSimtPlan:
+    strategy = "gemm_simt"
+    config_type = None
+    bias_tensor = False
+    per_m = True
+
+    def __init__(self, qw, M: int, dtype, device: int, config=None):
+        defines = {"WO_ELEMENT": ELEMENT[dtype], "WO_BITS": qw.bits}
+        kernel = load_kernel("gemm_simt.cu", "gemm_simt", defines, device=device)
+        args = GemmSimtArgs(B=qw.qweight.data_ptr(), scale=qw.scale.data_ptr(), offset=qw.offset.data_ptr(),
+                            M=M, N=qw.N, K=qw.K, G=qw.num_groups, block_size=qw.block_size,
+                            block_shift=block_shift(qw))
+        config = LaunchConfig.of((-(-qw.N // TILE), -(-M // TILE)), THREADS)
+        self.launch = Launch(kernel, config, args, device)
+
+    def __call__(self, x: torch.Tensor, bias: int, act: int, out: torch.Tensor) -> None:
+        self.launch(A=x.data_ptr(), bias=bias, D=out.data_ptr(), act=act)

@@ -1,0 +1,36 @@
+"""Strategy "gemv_simt": CUDA-core GEMV for M <= 8, any activation type and arch (gemv_simt.cu
+``gemv_simt_m{1..8}``): one warp per output row, fp32 arithmetic with the fp32 scale / offset."""
+from __future__ import annotations
+
+import torch
+
+from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
+
+from .shared import ELEMENT
+
+__all__ = ["GemvSimtArgs", "GemvSimtPlan"]
+
+ROWS_PER_BLOCK = 4  # warps per block of 128 threads (the kernel's __launch_bounds__)
+
+
+class GemvSimtArgs(KernelArgs):
+    _fields_ = [("A", Ptr), ("B", Ptr), ("scale", Ptr), ("offset", Ptr), ("bias", Ptr), ("D", Ptr),
+                ("N", I32), ("K", I32), ("G", I32), ("block_size", I32), ("act", I32)]
+
+
+class GemvSimtPlan:
+    strategy = "gemv_simt"
+    config_type = None
+    bias_tensor = False
+    per_m = True
+
+    def __init__(self, qw, M: int, dtype, device: int, config=None):
+        defines = {"WO_ELEMENT": ELEMENT[dtype], "WO_BITS": qw.bits}
+        kernel = load_kernel("gemv_simt.cu", f"gemv_simt_m{M}", defines, device=device)
+        args = GemvSimtArgs(B=qw.qweight.data_ptr(), scale=qw.scale.data_ptr(), offset=qw.offset.data_ptr(),
+                            N=qw.N, K=qw.K, G=qw.num_groups, block_size=qw.block_size)
+        config = LaunchConfig.of(-(-qw.N // ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK)
+        self.launch = Launch(kernel, config, args, device)
+
+    def __call__(self, x: torch.Tensor, bias: int, act: int, out: torch.Tensor) -> None:
+        self.launch(A=x.data_ptr(), bias=bias, D=out.data_ptr(), act=act)

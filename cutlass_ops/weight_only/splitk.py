@@ -1,0 +1,52 @@
+"""Split-K for the weight-only GEMVs (gemv_mma, gemv_stream): with gridDim.y = splits > 1 a GEMV
+writes an fp32 workspace [splits, M, N] that ``splitk_reduce`` (splitk_reduce.cu) sums in split
+order (deterministic), adding the bias and applying the activation.
+
+:class:`SplitKGemvPlan` is the call of both GEMV plans: one launch (splits == 1) or the GEMV into a
+fresh workspace (torch's caching allocator recycles it) and the reduction.
+"""
+from __future__ import annotations
+
+import torch
+
+from custom_kernels.device import raw_stream, sm_count
+from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
+
+__all__ = ["SplitKReduceArgs", "reduce_launch", "SplitKGemvPlan"]
+
+
+class SplitKReduceArgs(KernelArgs):
+    _fields_ = [("workspace", Ptr), ("bias", Ptr), ("D", Ptr), ("M", I32), ("N", I32), ("splits", I32),
+                ("act", I32)]
+
+
+def reduce_launch(M: int, N: int, splits: int, element: int, device: int) -> Launch:
+    """The splitk_reduce launch of an [M, N] output over ``splits`` workspace slices."""
+    kernel = load_kernel("splitk_reduce.cu", "splitk_reduce", {"WO_ELEMENT": element}, device=device)
+    grid = min(-(-(M * N) // 256), 8 * sm_count(device))
+    return Launch(kernel, LaunchConfig.of(grid, 256), SplitKReduceArgs(M=M, N=N, splits=splits), device)
+
+
+class SplitKGemvPlan:
+    """A GEMV launch taking (A, bias, D, workspace, act) per call, plus its reduction when split."""
+
+    bias_tensor = False  # __call__ takes the bias address (0 for none)
+    per_m = True         # the launch depends on M
+    strategy = ""
+
+    def __init__(self, gemv: Launch, splits: int, M: int, N: int, element: int, device: int, keep=()):
+        self.gemv = gemv
+        self.splits = splits
+        self.workspace_shape = (splits, M, N)
+        self.device = device
+        self.reduce = reduce_launch(M, N, splits, element, device) if splits > 1 else None
+        self._keep = keep  # tensors the launch points at that the plan derived (packed words, copies)
+
+    def __call__(self, x: torch.Tensor, bias: int, act: int, out: torch.Tensor) -> None:
+        if self.reduce is None:
+            self.gemv(A=x.data_ptr(), bias=bias, D=out.data_ptr(), act=act)
+            return
+        workspace = torch.empty(self.workspace_shape, dtype=torch.float32, device=x.device)
+        stream = raw_stream(self.device)
+        self.gemv(stream, A=x.data_ptr(), bias=bias, D=out.data_ptr(), workspace=workspace.data_ptr(), act=act)
+        self.reduce(stream, workspace=workspace.data_ptr(), bias=bias, D=out.data_ptr(), act=act)
