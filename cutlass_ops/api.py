@@ -3,6 +3,11 @@
 Order of checks in every GPU function: arguments (dtypes, shapes, block sizes, names) ->
 a CUDA GPU is present -> every tensor (and the QuantizedWeight) is on the same CUDA device.
 The GPU modules are imported lazily, so ``import cutlass_ops`` needs no GPU runtime.
+
+After the checks each function either calls its implementation directly (eager mode, no gradient
+wanted: the fast path, no dispatcher cost) or goes through its custom op ``torch.ops.cutlass_ops.*``
+(``cutlass_ops.torch_ops``: while ``torch.compile`` traces, or when an input requires grad). Both
+reach the same implementation.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from cutlass_ops._validate import (
     FLOAT_DTYPES, check_block_size, check_conv_operands, check_cuda, check_dtype, check_int, check_ndim, check_same_device,
     check_shape, check_choice, parse_activation, parse_pair,
 )
+from cutlass_ops import torch_ops  # noqa: F401  (registers torch.ops.cutlass_ops.*)
 from cutlass_ops.formats import (
     QuantizedWeight, quantize_activation_reference, quantize_conv_weight, quantize_weight,
 )
@@ -40,6 +46,9 @@ def _check_qw(qw, name: str = "qw") -> QuantizedWeight:
     if not isinstance(qw, QuantizedWeight):
         raise TypeError(f"{name} must be a QuantizedWeight (see cutlass_ops.quantize_weight), "
                         f"got {type(qw).__name__}")
+    if torch.compiler.is_compiling():  # checked once, while tracing (no cache on the traced object)
+        qw.validate()
+        return qw
     # The dataclass is mutable: re-check its fields whenever one was reassigned since the last
     # check (validating costs ~6 us; a per-call check at M=1 would double the host time).
     fields = (qw.qweight, qw.scale, qw.offset, qw.bits, qw.block_size, qw.N, qw.K, qw.conv_shape)
@@ -77,6 +86,26 @@ def _check_devices(function: str, primary_name: str, primary: torch.Tensor,
                                  f"move the weight with qw.to({primary_name}.device)")
 
 
+def _through_op(x: torch.Tensor, bias, qw=None) -> bool:
+    """True when the call must go through its custom op: while torch.compile traces, or when autograd
+    must record it (an input, the bias, or - to raise there - the weight's scale/offset requires grad)."""
+    if torch.compiler.is_compiling():
+        return True
+    if not torch.is_grad_enabled():
+        return False
+    return (x.requires_grad or (bias is not None and bias.requires_grad)
+            or (qw is not None and (qw.scale.requires_grad or qw.offset.requires_grad)))
+
+
+def _no_grad_inputs(function: str, tensors: dict) -> None:
+    """RuntimeError naming the first float input that requires grad: ``function`` is not differentiable."""
+    if torch.is_grad_enabled():
+        for name, t in tensors.items():
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                raise RuntimeError(f"cutlass_ops.{function}() is not differentiable but {name} requires grad; "
+                                   f"call it under torch.no_grad() or pass {name}.detach()")
+
+
 def _check_arch(arch):
     """None (the current device), an int cc such as 80/90, or a str such as "90a"."""
     if arch is None:
@@ -102,10 +131,13 @@ def quantize_activation(x: torch.Tensor, block_size: int | None = None):
     check_dtype(x, "x", FLOAT_DTYPES)
     check_ndim(x, "x", 2, "[M, K]")
     block_size = check_block_size(block_size, x.shape[1])
+    _no_grad_inputs("quantize_activation", {"x": x})
+    if torch.compiler.is_compiling():
+        return torch.ops.cutlass_ops.quantize_activation(x, block_size)
     if x.device.type == "cpu":
         return quantize_activation_reference(x, block_size)
     check_cuda(x, "x")
-    from cutlass_ops.ops.quant import quantize_activation_gpu
+    from cutlass_ops.w8a8.quant_a import quantize_activation_gpu
     return quantize_activation_gpu(x.contiguous(), block_size)
 
 
@@ -118,7 +150,10 @@ def linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = Non
     _check_bias(bias, qw.N)
     act = parse_activation(activation)
     _check_devices("linear", "x", x, {"bias": bias}, qw)
-    from cutlass_ops.ops.weight_only import linear_weight_only
+    if _through_op(x, bias, qw):
+        return torch.ops.cutlass_ops.linear(x, qw.qweight, qw.scale, qw.offset, qw.bits, qw.block_size, qw.N, qw.K,
+                                            None if bias is None else bias.contiguous(), act)
+    from cutlass_ops.weight_only import linear_weight_only
     if x.dim() == 2:  # the common case: no reshapes (each costs ~1.5 us of host time)
         if x.shape[0] == 0:
             return x.new_empty(0, qw.N)
@@ -147,8 +182,12 @@ def conv2d(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = Non
     _check_devices("conv2d", "x", x, {"bias": bias}, qw)
     if not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)):
         x = x.contiguous()
-    from cutlass_ops.ops.conv import conv2d_weight_only
     bias = None if bias is None else bias.contiguous()
+    if _through_op(x, bias, qw):
+        return torch.ops.cutlass_ops.conv2d(x, qw.qweight, qw.scale, qw.offset, qw.bits, qw.block_size,
+                                            list(qw.conv_shape), bias, list(stride), list(padding), list(dilation),
+                                            act)
+    from cutlass_ops.conv import conv2d_weight_only
     return conv2d_weight_only(x, qw, bias, stride, padding, dilation, act)
 
 
@@ -168,19 +207,22 @@ def linear_w8a8(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None 
     act = parse_activation(activation)
     check_choice(path, "path", W8A8_PATHS)
     _check_devices("linear_w8a8", "x", x, {"bias": bias}, qw)
+    if _through_op(x, bias, qw):
+        return torch.ops.cutlass_ops.linear_w8a8(x, qw.qweight, qw.scale, qw.offset, qw.block_size, qw.N, qw.K,
+                                                 None if bias is None else bias.contiguous(), act, path)
     x2d = x.reshape(-1, qw.K).contiguous()
     if x2d.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], qw.N)
-    from cutlass_ops.orchestrator import linear_w8a8 as _impl
+    from cutlass_ops.w8a8 import linear_w8a8 as _impl
     out = _impl(x2d, qw, None if bias is None else bias.contiguous(), act, path=path)
     return out.reshape(*x.shape[:-1], qw.N)
 
 
 def _gemm_impl():
-    """cutlass_ops.gemm.int8_gemm_checked, imported on first use (a per-call import costs host time)."""
+    """cutlass_ops.cutlass.int8_gemm_checked, imported on first use (a per-call import costs host time)."""
     global _gemm_int8_gemm
     if _gemm_int8_gemm is None:
-        from cutlass_ops.gemm import int8_gemm_checked as impl
+        from cutlass_ops.cutlass import int8_gemm_checked as impl
         _gemm_int8_gemm = impl
     return _gemm_int8_gemm
 
@@ -224,6 +266,10 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch=
         _check_devices("int8_gemm", "A", A, {"B": B, **{n: v for n, v in epilogue_args.items()
                                                          if isinstance(v, torch.Tensor)}})
     # The epilogue's tensors (type, size, contiguity, device) are checked per input by the plan.
+    if epilogue_args and torch.is_grad_enabled():
+        _no_grad_inputs("int8_gemm", epilogue_args)
+    if torch.compiler.is_compiling():
+        return _int8_gemm_op(A, B, epilogue, arch, out_dtype, out, epilogue_args)
     return (_gemm_int8_gemm or _gemm_impl())(A.contiguous(), B.contiguous(), epilogue, arch, out_dtype, out,
                                              epilogue_args, device)
 
@@ -247,6 +293,34 @@ def int8_gemm_requant(A_q: torch.Tensor, W_q: torch.Tensor, M_scale: torch.Tenso
     arch = _check_arch(arch)
     _check_devices("int8_gemm_requant", "A_q", A_q,
                    {"W_q": W_q, "M_scale": M_scale, "fused_bias": fused_bias})
-    from cutlass_ops.gemm import int8_gemm_requant as _impl
+    _no_grad_inputs("int8_gemm_requant", {"M_scale": M_scale, "fused_bias": fused_bias})
+    if torch.compiler.is_compiling():
+        return torch.ops.cutlass_ops.int8_gemm_requant(A_q, W_q, M_scale, fused_bias, lo, hi,
+                                                       None if arch is None else str(arch))
+    from cutlass_ops.cutlass import int8_gemm_requant as _impl
     return _impl(A_q.contiguous(), W_q.contiguous(), M_scale.contiguous(), fused_bias.contiguous(),
                  clamp=(lo, hi), arch=arch)
+
+
+def _int8_gemm_op(A, B, epilogue: str, arch, out_dtype, out, inputs: dict) -> torch.Tensor:
+    """``int8_gemm`` through the op of its epilogue family (while torch.compile traces)."""
+    import epilogues
+    spec = epilogues.get(epilogue)  # ValueError naming the registered epilogues
+    if out_dtype is None:
+        out_dtype = epilogues.OUTPUT_DTYPES[spec.default_output]
+    arch = None if arch is None else str(arch)
+    ops = torch.ops.cutlass_ops
+    if epilogue == "none":
+        D = ops.int8_gemm(A, B, arch)
+    elif epilogue in torch_ops.DEQUANT_EPILOGUES:
+        D = ops.int8_gemm_dequant(A, B, inputs["scale_row"], inputs["scale_col"], inputs.get("bias"),
+                                  torch_ops.DEQUANT_EPILOGUES.index(epilogue), out_dtype, arch)
+    elif epilogue in ("requant", "requant_clamp"):
+        lo, hi = (int(inputs["lo"]), int(inputs["hi"])) if epilogue == "requant_clamp" else (-128, 127)
+        D = ops.int8_gemm_requant(A, B, inputs["multiplier"], inputs.get("fused_bias"), lo, hi, arch)
+    elif epilogue == "kblock_accumulate":
+        D = ops.int8_gemm_kblock_accumulate(A, B, *(inputs[n] for n in spec.input_names), arch)
+    else:
+        raise ValueError(f"epilogue {epilogue!r} has no torch.ops.cutlass_ops op, so it cannot be compiled; "
+                         f"call int8_gemm outside torch.compile (torch.compiler.disable)")
+    return D if out is None else out.copy_(D)

@@ -1,0 +1,261 @@
+"""``QuantLinear`` and ``QuantConv2d``: drop-in modules holding a ``QuantizedWeight`` as buffers.
+
+The weight lives in three buffers - ``qweight`` (int8 [N, K] or packed int4 uint8 [N, K // 2]),
+``scale`` and ``offset`` (float32 [N, K // block_size]) - and the bias in a fourth, so ``.to()``,
+``.cuda()``, ``state_dict()``, ``load_state_dict()``, ``copy.deepcopy`` and pickling work as for any
+module. ``.half()`` / ``.to(dtype)`` converts the bias only: scale and offset stay float32 (the
+format). The ``QuantizedWeight`` view over the buffers is built once and again only when a buffer is
+replaced (after ``.to()``, ``.cuda()``); an in-place change (``load_state_dict``) keeps the view and
+the per-weight plan cache notices it.
+
+Modes of QuantLinear (``mode=``):
+  "weight_only"   W4A16 / W8A16 (scheme 1): ``cutlass_ops.linear``
+  "w8a8_block"    W8A8 per K block (scheme 2): ``cutlass_ops.linear_w8a8(path=...)``
+  "w8a8_channel"  per-token symmetric int8 activations (torch) x per-channel symmetric int8 weight, one
+                  CUTLASS int8 GEMM with the fused "dequant" epilogue (needs K % 16 == 0 and N % 8 == 0)
+
+Forward on CUDA tensors in eager mode calls the public functions (checks, then the kernels); while
+``torch.compile`` traces, and on CPU tensors, it calls ``torch.ops.cutlass_ops.*`` directly: on the
+CPU those run the float64 references rounded to the input dtype (slow, for tests and debugging).
+Gradients flow to the input and the bias (see ``cutlass_ops.torch_ops``), never to the weight.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cutlass_ops import api
+from cutlass_ops._validate import ACTIVATIONS, FLOAT_DTYPES, check_dtype, parse_activation, parse_pair
+from cutlass_ops.formats import QuantizedWeight
+from cutlass_ops.torch_ops import linear_w8a8_channel_impl
+
+__all__ = ["QuantLinear", "QuantConv2d", "LINEAR_MODES"]
+
+LINEAR_MODES = ("weight_only", "w8a8_block", "w8a8_channel")
+_ACT_NAMES = {v: k for k, v in ACTIVATIONS.items()}
+
+
+def _weight_buffers(N: int, K: int, bits: int, block_size: int, device) -> dict[str, torch.Tensor]:
+    if bits not in (4, 8):
+        raise ValueError(f"bits must be 4 or 8, got {bits!r}")
+    if K % block_size:
+        raise ValueError(f"block_size={block_size} does not divide K={K}")
+    cols, dtype = (K, torch.int8) if bits == 8 else (K // 2, torch.uint8)
+    G = K // block_size
+    return {"qweight": torch.zeros(N, cols, dtype=dtype, device=device),
+            "scale": torch.ones(N, G, dtype=torch.float32, device=device),
+            "offset": torch.zeros(N, G, dtype=torch.float32, device=device)}
+
+
+class _QuantModule(nn.Module):
+    """Shared: buffers, the cached QuantizedWeight view, float32 scale/offset under dtype casts."""
+
+    _conv_shape = None
+
+    def _init_buffers(self, N: int, K: int, bits: int, block_size: int, bias: bool, device, dtype) -> None:
+        for name, t in _weight_buffers(N, K, bits, block_size, device).items():
+            self.register_buffer(name, t)
+        dtype = dtype or torch.get_default_dtype()
+        self.register_buffer("bias", torch.zeros(N, dtype=dtype, device=device) if bias else None)
+        self.N, self.K, self.bits, self.block_size = N, K, bits, block_size
+        self._qw: QuantizedWeight | None = None
+
+    def set_weight(self, qw: QuantizedWeight) -> None:
+        """Take ``qw``'s tensors as the buffers (its shapes and format must match this module's)."""
+        if (qw.N, qw.K, qw.bits, qw.block_size, qw.conv_shape) != (self.N, self.K, self.bits, self.block_size,
+                                                                   self._conv_shape):
+            raise ValueError(f"qw (N={qw.N}, K={qw.K}, bits={qw.bits}, block_size={qw.block_size}, "
+                             f"conv_shape={qw.conv_shape}) does not match the module (N={self.N}, K={self.K}, "
+                             f"bits={self.bits}, block_size={self.block_size}, conv_shape={self._conv_shape})")
+        for name in ("qweight", "scale", "offset"):
+            self._buffers[name] = getattr(qw, name)
+        self.symmetric = qw.symmetric
+        self._qw = None
+
+    def weight(self) -> QuantizedWeight:
+        """The QuantizedWeight over the current buffers (rebuilt only when one was replaced)."""
+        b, qw = self._buffers, self._qw
+        if qw is None or qw.qweight is not b["qweight"] or qw.scale is not b["scale"] or qw.offset is not b["offset"]:
+            qw = QuantizedWeight(b["qweight"], b["scale"], b["offset"], self.bits, self.block_size, self.N, self.K,
+                                 self._conv_shape, self.symmetric)
+            self._qw = qw
+        return qw
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The dequantized float weight (nn.Linear / nn.Conv2d layout), in ``dtype`` (default: the bias's)."""
+        dtype = dtype or (self.bias.dtype if self.bias is not None else torch.float32)
+        return self.weight().dequantize(dtype)
+
+    def _apply(self, fn, recurse=True):
+        kept = {name: self._buffers[name] for name in ("scale", "offset")}
+        super()._apply(fn, recurse)
+        for name, old in kept.items():  # dtype casts must not touch the format's float32 scale / offset
+            if self._buffers[name].dtype != torch.float32:
+                self._buffers[name] = old.to(device=self._buffers[name].device)
+        self._qw = None
+        return self
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_qw"] = None  # a view: rebuilt from the buffers on the next forward
+        return state
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        """What the custom-op path needs checked (the eager path's public functions check it too)."""
+        check_dtype(x, "x", FLOAT_DTYPES)
+        if x.device != self.qweight.device:
+            raise ValueError(f"x is on {x.device} but the module's weight is on {self.qweight.device}; "
+                             f"move the module with .to({x.device.type!r})")
+        if self.bias is not None and self.bias.device != x.device:
+            raise ValueError(f"bias is on {self.bias.device} but x is on {x.device}")
+
+    def _act_repr(self) -> str:
+        return f", activation={_ACT_NAMES[self.act]}" if self.act else ""
+
+
+class QuantLinear(_QuantModule):
+    """y = act(x @ W^T + bias) with W quantized (see the module docstring for ``mode``)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, mode: str = "weight_only",
+                 bits: int = 4, block_size: int | None = 128, path: str = "fused", symmetric: bool = True,
+                 activation=None, device=None, dtype=None):
+        super().__init__()
+        if mode not in LINEAR_MODES:
+            raise ValueError(f"mode must be one of {list(LINEAR_MODES)}, got {mode!r}")
+        if mode != "weight_only" and bits != 8:
+            raise ValueError(f"mode={mode!r} needs bits=8, got bits={bits}")
+        if mode == "w8a8_channel":
+            if block_size not in (None, in_features) or not symmetric:
+                raise ValueError("mode='w8a8_channel' takes a symmetric per-channel weight (block_size=None)")
+            if in_features % 16 or out_features % 8:
+                raise ValueError(f"mode='w8a8_channel' needs in_features % 16 == 0 and out_features % 8 == 0 "
+                                 f"(the int8 GEMM's alignment), got K={in_features}, N={out_features}")
+        if path not in api.W8A8_PATHS:
+            raise ValueError(f"path must be one of {list(api.W8A8_PATHS)}, got {path!r}")
+        self.in_features, self.out_features, self.mode, self.path = in_features, out_features, mode, path
+        self.symmetric = symmetric
+        self.act = parse_activation(activation)
+        self._init_buffers(out_features, in_features, bits, block_size or in_features, bias, device, dtype)
+
+    @classmethod
+    def from_float(cls, module: nn.Linear, config) -> "QuantLinear":
+        """Quantize ``module``'s weight as ``config`` says (a config of ``cutlass_ops.quantize_model``)."""
+        if not isinstance(module, nn.Linear):
+            raise TypeError(f"module must be an nn.Linear, got {type(module).__name__}")
+        problem = config.linear_problem(module.out_features, module.in_features)
+        if problem is not None:
+            raise ValueError(f"module ({module.out_features} x {module.in_features}) cannot take {config}: {problem}")
+        w = module.weight.detach()
+        qw = config.quantize_linear(w)
+        q = cls(module.in_features, module.out_features, module.bias is not None, device=w.device, dtype=w.dtype,
+                **config.module_kwargs(qw))
+        q.set_weight(qw)
+        if module.bias is not None:
+            q.bias.copy_(module.bias.detach())
+        return q
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and not torch.compiler.is_compiling():
+            if self.mode == "weight_only":
+                return api.linear(x, self.weight(), self.bias, self.act)
+            if self.mode == "w8a8_block":
+                return api.linear_w8a8(x, self.weight(), self.bias, self.act, path=self.path)
+        self._check_input(x)
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"x must have shape [..., K] with K={self.in_features} (in_features), got "
+                             f"{tuple(x.shape)}")
+        ops, bias = torch.ops.cutlass_ops, self.bias
+        if self.mode == "w8a8_channel":
+            if x.is_cuda and not torch.compiler.is_compiling() and not (
+                    torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad))):
+                return linear_w8a8_channel_impl(x, self.qweight, self.scale, bias, self.act)
+            return ops.linear_w8a8_channel(x, self.qweight, self.scale, bias, self.act)
+        args = (x, self.qweight, self.scale, self.offset)
+        if self.mode == "weight_only":
+            return ops.linear(*args, self.bits, self.block_size, self.N, self.K, bias, self.act)
+        return ops.linear_w8a8(*args, self.block_size, self.N, self.K, bias, self.act, self.path)
+
+    def spec(self) -> dict:
+        """The constructor arguments that rebuild this module (``from_spec``), as plain data."""
+        return {"kind": "QuantLinear", "in_features": self.in_features, "out_features": self.out_features,
+                "bias": self.bias is not None, "mode": self.mode, "bits": self.bits, "block_size": self.block_size,
+                "path": self.path, "symmetric": self.symmetric, "activation": _ACT_NAMES[self.act]}
+
+    def extra_repr(self) -> str:
+        what = {"weight_only": f"W{self.bits}A16", "w8a8_block": f"W8A8 per K block, path={self.path}",
+                "w8a8_channel": "W8A8 per channel x per token"}[self.mode]
+        block = "per channel" if self.block_size == self.K else f"block_size={self.block_size}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"{what}, {block}{'' if self.symmetric else ', asymmetric'}{self._act_repr()}")
+
+
+class QuantConv2d(_QuantModule):
+    """y = act(conv2d(x, W) + bias) with W quantized weight-only (int4 / int8, blocks along Ci)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 bias: bool = True, *, bits: int = 4, block_size: int | None = None, symmetric: bool = True,
+                 activation=None, device=None, dtype=None):
+        super().__init__()
+        Kh, Kw = parse_pair(kernel_size, "kernel_size", 1)
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, (Kh, Kw)
+        self.stride = parse_pair(stride, "stride", 1)
+        self.padding = parse_pair(padding, "padding", 0)
+        self.dilation = parse_pair(dilation, "dilation", 1)
+        block_size = block_size or in_channels
+        if in_channels % block_size:
+            raise ValueError(f"block_size={block_size} must divide in_channels={in_channels} (blocks run along Ci)")
+        self._conv_shape = (out_channels, Kh, Kw, in_channels)
+        self.symmetric, self.mode = symmetric, "weight_only"
+        self.act = parse_activation(activation)
+        self._init_buffers(out_channels, Kh * Kw * in_channels, bits, block_size, bias, device, dtype)
+
+    @classmethod
+    def from_float(cls, module: nn.Conv2d, config) -> "QuantConv2d":
+        """Quantize ``module``'s weight as ``config`` says (a weight-only config)."""
+        if not isinstance(module, nn.Conv2d):
+            raise TypeError(f"module must be an nn.Conv2d, got {type(module).__name__}")
+        problem = config.conv_problem(module)
+        if problem is not None:
+            raise ValueError(f"module {module} cannot take {config}: {problem}")
+        w = module.weight.detach()
+        qw = config.quantize_conv(w)
+        padding = config.conv_padding(module)
+        q = cls(module.in_channels, module.out_channels, module.kernel_size, module.stride, padding, module.dilation,
+                module.bias is not None, device=w.device, dtype=w.dtype, **config.module_kwargs(qw))
+        q.set_weight(qw)
+        if module.bias is not None:
+            q.bias.copy_(module.bias.detach())
+        return q
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and not torch.compiler.is_compiling():
+            return api.conv2d(x, self.weight(), self.bias, self.stride, self.padding, self.dilation, self.act)
+        self._check_input(x)
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f"x must be [B, Ci={self.in_channels}, H, W], got {tuple(x.shape)}")
+        return torch.ops.cutlass_ops.conv2d(x, self.qweight, self.scale, self.offset, self.bits, self.block_size,
+                                            list(self._conv_shape), self.bias, list(self.stride), list(self.padding),
+                                            list(self.dilation), self.act)
+
+    def spec(self) -> dict:
+        return {"kind": "QuantConv2d", "in_channels": self.in_channels, "out_channels": self.out_channels,
+                "kernel_size": list(self.kernel_size), "stride": list(self.stride), "padding": list(self.padding),
+                "dilation": list(self.dilation), "bias": self.bias is not None, "bits": self.bits,
+                "block_size": self.block_size, "symmetric": self.symmetric, "activation": _ACT_NAMES[self.act]}
+
+    def extra_repr(self) -> str:
+        block = "per (co, kh, kw)" if self.block_size == self.in_channels else f"block_size={self.block_size}"
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, dilation={self.dilation}, bias={self.bias is not None}, "
+                f"W{self.bits}A16, {block}{'' if self.symmetric else ', asymmetric'}{self._act_repr()}")
+
+
+def from_spec(spec: dict, device=None, dtype=None) -> _QuantModule:
+    """A module with empty buffers from ``spec()``'s dict (``cutlass_ops.serialization`` fills them)."""
+    spec = dict(spec)
+    kind = spec.pop("kind")
+    if kind == "QuantLinear":
+        return QuantLinear(device=device, dtype=dtype, **spec)
+    if kind == "QuantConv2d":
+        return QuantConv2d(device=device, dtype=dtype, **spec)
+    raise ValueError(f"spec['kind'] must be 'QuantLinear' or 'QuantConv2d', got {kind!r}")

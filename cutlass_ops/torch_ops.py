@@ -1,0 +1,384 @@
+"""The public GPU ops as ``torch.library`` custom ops in the ``cutlass_ops`` namespace.
+
+Each op takes a ``QuantizedWeight`` as its tensors (qweight, scale, offset) and its ints (bits,
+block_size, N, K), has a fake kernel (shapes and dtypes only, for ``torch.compile`` and
+``FakeTensorMode``) and, where the maths has one, an autograd formula:
+
+    linear, linear_w8a8, linear_w8a8_channel   grad_x = act'(out) * grad_out @ W_deq   (straight-through
+                                               for the activation quantization of the W8A8 ops)
+    conv2d                                     grad_x = conv2d_input(W_deq, act'(out) * grad_out)
+    bias (all of them)                         grad_bias = sum of act'(out) * grad_out
+    int8_gemm*, quantize_activation            not differentiable: a float input that requires grad raises
+
+The quantized weight never gets a gradient: a ``scale`` or ``offset`` that requires grad raises.
+Real kernels: CUDA tensors run the GPU implementation (the packages below ``cutlass_ops.api``),
+CPU tensors the float64 reference of ``cutlass_ops.reference`` rounded to the output dtype (so the
+modules of ``cutlass_ops.nn`` run, slowly, on the CPU and ``torch.library.opcheck`` runs without a
+GPU). The ops do not validate their arguments: ``cutlass_ops.api`` and ``cutlass_ops.nn`` do, once.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+import epilogues
+from cutlass_ops import plan_cache, reference
+from cutlass_ops.formats import QuantizedWeight, quantize_activation_reference
+
+__all__ = ["weight_view", "quantize_per_token", "linear_w8a8_channel_impl", "DEQUANT_EPILOGUES", "OPS"]
+
+DEQUANT_EPILOGUES = ("dequant", "dequant_relu", "dequant_relu6")  # index = activation code
+_DTYPE_NAMES = {v: k for k, v in epilogues.OUTPUT_DTYPES.items()}
+
+
+def weight_view(qweight, scale, offset, bits: int, block_size: int, N: int, K: int,
+                conv_shape=None) -> QuantizedWeight:
+    """A QuantizedWeight over the given tensors; validated only when its fields are new to the
+    per-weight cache (the plans are found by the tensors' identity, so a view costs no rebuild)."""
+    qw = object.__new__(QuantizedWeight)
+    qw.__dict__.update(qweight=qweight, scale=scale, offset=offset, bits=bits, block_size=block_size, N=N, K=K,
+                       conv_shape=None if conv_shape is None else tuple(conv_shape), symmetric=True)
+    entry = plan_cache.entry(qw)
+    fields = (bits, block_size, N, K, qw.conv_shape)
+    if entry.validated != fields:
+        qw.validate()
+        entry.validated = fields
+    return qw
+
+
+def _arch(arch: Optional[str]):
+    return None if arch is None else int(arch) if arch.isdigit() else arch
+
+
+def _no_weight_grad(op: str, scale, offset) -> None:
+    for name, t in (("scale", scale), ("offset", offset)):
+        if t is not None and t.requires_grad:
+            raise RuntimeError(f"cutlass_ops.{op}: the quantized weight's {name} requires grad, but the weight is "
+                               f"not differentiable (qweight/scale/offset are buffers, not parameters); train an "
+                               f"adapter beside it or fine-tune the float model and quantize again")
+
+
+def _act_grad(grad: torch.Tensor, out: Optional[torch.Tensor], act: int) -> torch.Tensor:
+    """act'(out) * grad: relu passes where out > 0, relu6 where 0 < out < 6."""
+    if act == 1:
+        return grad * (out > 0)
+    if act == 2:
+        return grad * ((out > 0) & (out < 6))
+    return grad
+
+
+def _not_differentiable(op: str):
+    def setup_context(ctx, inputs, output):
+        names = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+        raise RuntimeError(f"cutlass_ops.{op} is not differentiable (input {names} requires grad); "
+                           f"call it under torch.no_grad() or on detached tensors")
+    return setup_context
+
+
+def _unreachable(ctx, *grads):
+    raise RuntimeError("unreachable: the forward raised")
+
+
+# --------------------------------------------------------------------------------------------
+# dequantize (used by the backward formulas)
+# --------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("cutlass_ops::dequantize", mutates_args=())
+def dequantize(qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int, block_size: int,
+               N: int, K: int, dtype: torch.dtype) -> torch.Tensor:
+    """W = q * scale + offset as ``dtype`` [N, K] (the stored K order also for a conv weight)."""
+    qw = weight_view(qweight, scale, offset, bits, block_size, N, K)
+    if qweight.is_cuda and dtype != torch.float64:
+        from cutlass_ops.weight_only import dequantize_weight
+        from cutlass_ops.weight_only.dispatch import dequant_problem
+        if dequant_problem(qw) is None:
+            return dequantize_weight(qw, dtype)
+    return qw.dequantize(dtype, flat=True)
+
+
+@dequantize.register_fake
+def _(qweight, scale, offset, bits, block_size, N, K, dtype):
+    return qweight.new_empty((N, K), dtype=dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# linear (weight-only), linear_w8a8 (per K block), linear_w8a8_channel (per token x per channel)
+# --------------------------------------------------------------------------------------------
+
+@torch.library.custom_op("cutlass_ops::linear", mutates_args=())
+def linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int,
+           block_size: int, N: int, K: int, bias: Optional[torch.Tensor], act: int) -> torch.Tensor:
+    qw = weight_view(qweight, scale, offset, bits, block_size, N, K)
+    if not x.is_cuda:
+        return reference.linear_reference(x, qw, bias, act).to(x.dtype)
+    from cutlass_ops.weight_only import linear_weight_only
+    x2d = x.reshape(-1, K).contiguous()
+    if x2d.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], N)
+    return linear_weight_only(x2d, qw, bias, act).reshape(*x.shape[:-1], N)
+
+
+@linear.register_fake
+def _(x, qweight, scale, offset, bits, block_size, N, K, bias, act):
+    return x.new_empty((*x.shape[:-1], N))
+
+
+@torch.library.custom_op("cutlass_ops::linear_w8a8", mutates_args=())
+def linear_w8a8(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, block_size: int,
+                N: int, K: int, bias: Optional[torch.Tensor], act: int, path: str) -> torch.Tensor:
+    qw = weight_view(qweight, scale, offset, 8, block_size, N, K)
+    if not x.is_cuda:
+        return reference.w8a8_kblock_reference(x, qw, None, bias, act).to(x.dtype)
+    from cutlass_ops.w8a8 import linear_w8a8 as impl
+    x2d = x.reshape(-1, K).contiguous()
+    if x2d.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], N)
+    return impl(x2d, qw, bias, act, path=path).reshape(*x.shape[:-1], N)
+
+
+@linear_w8a8.register_fake
+def _(x, qweight, scale, offset, block_size, N, K, bias, act, path):
+    return x.new_empty((*x.shape[:-1], N))
+
+
+def quantize_per_token(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per row: s = amax / 127 (1 for a zero row), A_q = clamp(round(x / s), -127, 127)."""
+    xf = x2d.to(torch.float32)
+    s = xf.abs().amax(dim=-1, keepdim=True) / 127.0
+    s = torch.where(s == 0, torch.ones_like(s), s)
+    return torch.round(xf / s).clamp_(-127, 127).to(torch.int8), s
+
+
+def linear_w8a8_channel_impl(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                             bias: Optional[torch.Tensor], act: int) -> torch.Tensor:
+    """act((A_q @ W_q^T) * s_token * s_channel + bias): int8 per-token activations (quantized here
+    with torch ops), int8 per-channel symmetric weight (qweight [N, K], scale [N, 1] float32); one
+    CUTLASS int8 GEMM with the fused dequant epilogue (K % 16 == 0, N % 8 == 0: checked by the caller)."""
+    N, K = qweight.shape
+    A_q, s_row = quantize_per_token(x.reshape(-1, K))
+    bias32 = None if bias is None else bias.to(torch.float32).contiguous()
+    if A_q.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], N)
+    if x.is_cuda:
+        from cutlass_ops.cutlass import int8_gemm_checked
+        out = int8_gemm_checked(A_q, qweight, DEQUANT_EPILOGUES[act], None, x.dtype, None,
+                                {"scale_row": s_row, "scale_col": scale, "bias": bias32}, x.get_device())
+    else:  # the epilogue's float32 arithmetic on an exact int32 accumulator
+        acc = reference.int8_gemm_reference(A_q, qweight).to(torch.float32)
+        out = acc * s_row * scale.reshape(1, N) + (0.0 if bias32 is None else bias32)
+        out = reference.apply_activation(out, act).to(x.dtype)
+    return out.reshape(*x.shape[:-1], N)
+
+
+@torch.library.custom_op("cutlass_ops::linear_w8a8_channel", mutates_args=())
+def linear_w8a8_channel(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor],
+                        act: int) -> torch.Tensor:
+    return linear_w8a8_channel_impl(x, qweight, scale, bias, act)
+
+
+@linear_w8a8_channel.register_fake
+def _(x, qweight, scale, bias, act):
+    return x.new_empty((*x.shape[:-1], qweight.shape[0]))
+
+
+def _save_linear(ctx, op, inputs, output, tensors, dequant_args, bias_index, act):
+    """What every linear backward needs: the weight's tensors and ints, the output (for act')."""
+    _no_weight_grad(op, tensors[1], tensors[2] if len(tensors) == 3 else None)
+    bias = inputs[bias_index]
+    ctx.dequant_args, ctx.act, ctx.bias_index, ctx.n_inputs = dequant_args, act, bias_index, len(inputs)
+    ctx.bias_dtype = None if bias is None else bias.dtype
+    ctx.save_for_backward(*tensors, output if act else None)
+
+
+def _linear_setup(ctx, inputs, output):
+    x, qweight, scale, offset, bits, block_size, N, K, bias, act = inputs
+    _save_linear(ctx, "linear", inputs, output, (qweight, scale, offset), (bits, block_size, N, K), 8, act)
+
+
+def _w8a8_setup(ctx, inputs, output):
+    x, qweight, scale, offset, block_size, N, K, bias, act, path = inputs
+    _save_linear(ctx, "linear_w8a8", inputs, output, (qweight, scale, offset), (8, block_size, N, K), 7, act)
+
+
+def _w8a8_channel_setup(ctx, inputs, output):
+    x, qweight, scale, bias, act = inputs
+    _save_linear(ctx, "linear_w8a8_channel", inputs, output, (qweight, scale), None, 3, act)
+
+
+def _linear_backward(ctx, grad):
+    *tensors, out = ctx.saved_tensors
+    g = _act_grad(grad, out, ctx.act)
+    if ctx.dequant_args is None:  # per channel: W = q * scale
+        W = tensors[0].to(g.dtype) * tensors[1].to(g.dtype)
+    else:
+        W = dequantize(*tensors, *ctx.dequant_args, g.dtype)  # [N, K]
+    N, K = W.shape
+    grads = [None] * ctx.n_inputs
+    g2d = g.reshape(-1, N)
+    if ctx.needs_input_grad[0]:
+        grads[0] = (g2d @ W).reshape(*g.shape[:-1], K)
+    if ctx.bias_dtype is not None and ctx.needs_input_grad[ctx.bias_index]:
+        grads[ctx.bias_index] = g2d.sum(0).to(ctx.bias_dtype)
+    return tuple(grads)
+
+
+torch.library.register_autograd("cutlass_ops::linear", _linear_backward, setup_context=_linear_setup)
+torch.library.register_autograd("cutlass_ops::linear_w8a8", _linear_backward, setup_context=_w8a8_setup)
+torch.library.register_autograd("cutlass_ops::linear_w8a8_channel", _linear_backward,
+                                setup_context=_w8a8_channel_setup)
+
+
+# --------------------------------------------------------------------------------------------
+# conv2d (weight-only)
+# --------------------------------------------------------------------------------------------
+
+def _conv_out_hw(x, conv_shape, stride, padding, dilation):
+    return [(x.shape[2 + i] + 2 * padding[i] - dilation[i] * (conv_shape[1 + i] - 1) - 1) // stride[i] + 1
+            for i in range(2)]
+
+
+def _channels_last(x: torch.Tensor) -> bool:
+    return not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+
+
+@torch.library.custom_op("cutlass_ops::conv2d", mutates_args=())
+def conv2d(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int,
+           block_size: int, conv_shape: list[int], bias: Optional[torch.Tensor], stride: list[int],
+           padding: list[int], dilation: list[int], act: int) -> torch.Tensor:
+    Co, Kh, Kw, Ci = conv_shape
+    qw = weight_view(qweight, scale, offset, bits, block_size, Co, Kh * Kw * Ci, conv_shape)
+    if not x.is_cuda:
+        fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
+        y = reference.conv2d_reference(x, qw, bias, tuple(stride), tuple(padding), tuple(dilation), act)
+        return y.to(x.dtype).contiguous(memory_format=fmt)
+    from cutlass_ops.conv import conv2d_weight_only
+    return conv2d_weight_only(x, qw, bias, tuple(stride), tuple(padding), tuple(dilation), act)
+
+
+@conv2d.register_fake
+def _(x, qweight, scale, offset, bits, block_size, conv_shape, bias, stride, padding, dilation, act):
+    Oh, Ow = _conv_out_hw(x, conv_shape, stride, padding, dilation)
+    fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
+    return torch.empty((x.shape[0], conv_shape[0], Oh, Ow), dtype=x.dtype, device=x.device, memory_format=fmt)
+
+
+def _conv_setup(ctx, inputs, output):
+    x, qweight, scale, offset, bits, block_size, conv_shape, bias, stride, padding, dilation, act = inputs
+    _no_weight_grad("conv2d", scale, offset)
+    ctx.args = (bits, block_size, tuple(conv_shape), tuple(stride), tuple(padding), tuple(dilation), act)
+    ctx.x_shape, ctx.bias_dtype = x.shape, None if bias is None else bias.dtype
+    ctx.save_for_backward(qweight, scale, offset, output if act else None)
+
+
+def _conv_backward(ctx, grad):
+    qweight, scale, offset, out = ctx.saved_tensors
+    bits, block_size, (Co, Kh, Kw, Ci), stride, padding, dilation, act = ctx.args
+    g = _act_grad(grad, out, act)
+    grad_x = grad_b = None
+    if ctx.needs_input_grad[0]:
+        W = dequantize(qweight, scale, offset, bits, block_size, Co, Kh * Kw * Ci, g.dtype)
+        W = W.reshape(Co, Kh, Kw, Ci).permute(0, 3, 1, 2)
+        grad_x = torch.nn.grad.conv2d_input(ctx.x_shape, W, g, stride, padding, dilation)
+    if ctx.bias_dtype is not None and ctx.needs_input_grad[7]:
+        grad_b = g.sum((0, 2, 3)).to(ctx.bias_dtype)
+    return grad_x, None, None, None, None, None, None, grad_b, None, None, None, None
+
+
+torch.library.register_autograd("cutlass_ops::conv2d", _conv_backward, setup_context=_conv_setup)
+
+
+# --------------------------------------------------------------------------------------------
+# int8 GEMMs: one op per epilogue family (their epilogue inputs differ)
+# --------------------------------------------------------------------------------------------
+
+def _gemm(A, B, epilogue: str, arch, out_dtype: torch.dtype, inputs: dict) -> torch.Tensor:
+    if A.is_cuda:
+        from cutlass_ops.cutlass import int8_gemm_checked
+        return int8_gemm_checked(A.contiguous(), B.contiguous(), epilogue, _arch(arch), out_dtype, None, inputs,
+                                 A.get_device())
+    acc = reference.int8_gemm_reference(A, B)
+    if epilogue == "none":
+        return acc
+    d = epilogues.get(epilogue).reference(acc, _DTYPE_NAMES[out_dtype], **inputs)
+    return d.to(out_dtype)
+
+
+@torch.library.custom_op("cutlass_ops::int8_gemm", mutates_args=())
+def int8_gemm(A: torch.Tensor, B: torch.Tensor, arch: Optional[str]) -> torch.Tensor:
+    """int32 D = A @ B^T (epilogue "none")."""
+    return _gemm(A, B, "none", arch, torch.int32, {})
+
+
+@int8_gemm.register_fake
+def _(A, B, arch):
+    return A.new_empty((A.shape[0], B.shape[0]), dtype=torch.int32)
+
+
+@torch.library.custom_op("cutlass_ops::int8_gemm_dequant", mutates_args=())
+def int8_gemm_dequant(A: torch.Tensor, B: torch.Tensor, scale_row: torch.Tensor, scale_col: torch.Tensor,
+                      bias: Optional[torch.Tensor], act: int, out_dtype: torch.dtype,
+                      arch: Optional[str]) -> torch.Tensor:
+    """Epilogues "dequant" / "dequant_relu" / "dequant_relu6" (act 0 / 1 / 2)."""
+    return _gemm(A, B, DEQUANT_EPILOGUES[act], arch, out_dtype,
+                 {"scale_row": scale_row, "scale_col": scale_col, "bias": bias})
+
+
+@int8_gemm_dequant.register_fake
+def _(A, B, scale_row, scale_col, bias, act, out_dtype, arch):
+    return A.new_empty((A.shape[0], B.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("cutlass_ops::int8_gemm_requant", mutates_args=())
+def int8_gemm_requant(A: torch.Tensor, B: torch.Tensor, multiplier: torch.Tensor, fused_bias: Optional[torch.Tensor],
+                      lo: int, hi: int, arch: Optional[str]) -> torch.Tensor:
+    """Epilogues "requant" ((lo, hi) = (-128, 127)) and "requant_clamp": int8 D."""
+    if (lo, hi) == (-128, 127):
+        return _gemm(A, B, "requant", arch, torch.int8, {"multiplier": multiplier, "fused_bias": fused_bias})
+    return _gemm(A, B, "requant_clamp", arch, torch.int8,
+                 {"multiplier": multiplier, "fused_bias": fused_bias, "lo": float(lo), "hi": float(hi)})
+
+
+@int8_gemm_requant.register_fake
+def _(A, B, multiplier, fused_bias, lo, hi, arch):
+    return A.new_empty((A.shape[0], B.shape[0]), dtype=torch.int8)
+
+
+@torch.library.custom_op("cutlass_ops::int8_gemm_kblock_accumulate", mutates_args=())
+def int8_gemm_kblock_accumulate(A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, r1: torch.Tensor,
+                                c1: torch.Tensor, r2: torch.Tensor, c2: torch.Tensor, r3: torch.Tensor,
+                                c3: torch.Tensor, arch: Optional[str]) -> torch.Tensor:
+    """Epilogue "kblock_accumulate": float32 D = C + accum * r1 * c1 + r2 * c2 + r3 * c3."""
+    return _gemm(A, B, "kblock_accumulate", arch, torch.float32,
+                 dict(C=C, r1=r1, c1=c1, r2=r2, c2=c2, r3=r3, c3=c3))
+
+
+@int8_gemm_kblock_accumulate.register_fake
+def _(A, B, C, r1, c1, r2, c2, r3, c3, arch):
+    return A.new_empty((A.shape[0], B.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("cutlass_ops::quantize_activation", mutates_args=())
+def quantize_activation(x: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                    torch.Tensor]:
+    """QuantA per row and K block: (A_q int8 [M, K], scale f32 [M, G], offset f32 [M, G], sum_q int32 [M, G])."""
+    if not x.is_cuda:
+        return quantize_activation_reference(x, block_size)
+    from cutlass_ops.w8a8.quant_a import quantize_activation_gpu
+    return quantize_activation_gpu(x.contiguous(), block_size)
+
+
+@quantize_activation.register_fake
+def _(x, block_size):
+    M, K = x.shape
+    G = K // block_size
+    return (x.new_empty((M, K), dtype=torch.int8), x.new_empty((M, G), dtype=torch.float32),
+            x.new_empty((M, G), dtype=torch.float32), x.new_empty((M, G), dtype=torch.int32))
+
+
+for _name in ("int8_gemm", "int8_gemm_dequant", "int8_gemm_requant", "int8_gemm_kblock_accumulate",
+              "quantize_activation"):
+    torch.library.register_autograd(f"cutlass_ops::{_name}", _unreachable, setup_context=_not_differentiable(_name))
+
+OPS = ("dequantize", "linear", "linear_w8a8", "linear_w8a8_channel", "conv2d", "int8_gemm", "int8_gemm_dequant",
+       "int8_gemm_requant", "int8_gemm_kblock_accumulate", "quantize_activation")

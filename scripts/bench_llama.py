@@ -1,0 +1,230 @@
+"""End to end: a Llama-style decoder (random weights) in fp16 and with every quantization mode.
+
+The model: hidden 4096, 32 query heads and 8 KV heads of 128 (grouped-query attention through
+``scaled_dot_product_attention``), a static KV cache, RoPE, RMSNorm, SwiGLU MLP 14336; 8 layers
+(``--layers``). For each mode - fp16 (cuBLAS), W4A16 and W8A16 (weight-only, block 128), W8A8 per
+channel (int8 per-token activations, CUTLASS int8 GEMM + dequant epilogue), W8A8 per K block
+(scheme 2, fused), and torchao's Int4WeightOnlyConfig where torchao imports - one run reports
+side by side: the decode step (one token) at batch 1 and 16, eager and
+``torch.compile(mode="reduce-overhead")``; prefill of 2048 tokens at batch 1, eager and compiled;
+the weights' GPU memory; SQNR of the prefill output against the fp16 model. A second table: the
+host time of one QuantLinear call at M = 1 against nn.Linear fp16 (target <= 1.2x).
+
+    python scripts/bench_llama.py [--quick] [--out PATH]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import logging
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from _timing import call_us, host_us, table, write_report
+from torch import nn
+
+import cutlass_ops
+from cutlass_ops.quantize_model import W8A8BlockConfig, W8A8ChannelConfig, WeightOnlyConfig
+
+log = logging.getLogger("bench_llama")
+
+MODES = {
+    "fp16": None,
+    "W4A16": WeightOnlyConfig(bits=4, block_size=128),
+    "W8A16": WeightOnlyConfig(bits=8, block_size=128),
+    "W8A8 per channel": W8A8ChannelConfig(),
+    "W8A8 per K block": W8A8BlockConfig(block_size=128, path="fused"),
+    "torchao int4": "torchao",
+}
+
+
+class Attention(nn.Module):
+    def __init__(self, d: int, heads: int, kv_heads: int, batch: int, max_len: int, dtype):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
+        self.qkv = nn.Linear(d, (heads + 2 * kv_heads) * self.hd, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        shape = (batch, kv_heads, max_len, self.hd)
+        self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype), persistent=False)
+
+    def forward(self, x, pos, cos, sin):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).split([self.heads * self.hd, self.kv_heads * self.hd, self.kv_heads * self.hd], -1)
+        q = rope(q.view(B, T, self.heads, self.hd).transpose(1, 2), cos, sin)
+        k = rope(k.view(B, T, self.kv_heads, self.hd).transpose(1, 2), cos, sin)
+        self.k_cache[:B].index_copy_(2, pos, k)
+        self.v_cache[:B].index_copy_(2, pos, v.view(B, T, self.kv_heads, self.hd).transpose(1, 2))
+        mask = torch.arange(self.k_cache.shape[2], device=x.device)[None, :] <= pos[:, None]  # causal over the cache
+        a = F.scaled_dot_product_attention(q, self.k_cache[:B], self.v_cache[:B], attn_mask=mask, enable_gqa=True)
+        return self.o(a.transpose(1, 2).reshape(B, T, -1))
+
+
+def rope(t, cos, sin):
+    t1, t2 = t.chunk(2, dim=-1)
+    return torch.cat((t1 * cos - t2 * sin, t2 * cos + t1 * sin), dim=-1)
+
+
+class Layer(nn.Module):
+    def __init__(self, d, mlp, heads, kv_heads, batch, max_len, dtype):
+        super().__init__()
+        self.n1, self.n2 = nn.RMSNorm(d, eps=1e-5), nn.RMSNorm(d, eps=1e-5)
+        self.attn = Attention(d, heads, kv_heads, batch, max_len, dtype)
+        self.gate, self.up = nn.Linear(d, mlp, bias=False), nn.Linear(d, mlp, bias=False)
+        self.down = nn.Linear(mlp, d, bias=False)
+
+    def forward(self, x, pos, cos, sin):
+        x = x + self.attn(self.n1(x), pos, cos, sin)
+        h = self.n2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Decoder(nn.Module):
+    """Hidden states in, hidden states out (no embedding / LM head: those are not quantized)."""
+
+    def __init__(self, layers=8, d=4096, mlp=14336, heads=32, kv_heads=8, batch=16, max_len=2048 + 64,
+                 dtype=torch.float16):
+        super().__init__()
+        self.layers = nn.ModuleList(Layer(d, mlp, heads, kv_heads, batch, max_len, dtype) for _ in range(layers))
+        self.norm = nn.RMSNorm(d, eps=1e-5)
+        hd = d // heads
+        inv = 1.0 / (10000 ** (torch.arange(0, hd // 2, dtype=torch.float32) / (hd // 2)))
+        angles = torch.arange(max_len, dtype=torch.float32)[:, None] * inv[None, :]
+        self.register_buffer("cos", angles.cos().to(dtype), persistent=False)
+        self.register_buffer("sin", angles.sin().to(dtype), persistent=False)
+
+    def forward(self, x, pos):
+        cos, sin = self.cos[pos], self.sin[pos]
+        for layer in self.layers:
+            x = layer(x, pos, cos, sin)
+        return self.norm(x)
+
+
+def build(args, mode: str):
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Decoder(layers=args.layers, max_len=args.prefill + 64).half().eval()
+        for p in model.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=1 / math.sqrt(p.shape[1]))
+    config = MODES[mode]
+    if config == "torchao":
+        from torchao.quantization import Int4WeightOnlyConfig, quantize_
+        quantize_(model, Int4WeightOnlyConfig(group_size=128))
+    elif config is not None:
+        summary = cutlass_ops.quantize_(model, config)
+        log.info("%s: %s", mode, summary)
+    return model
+
+
+def weight_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for n, t in list(model.named_parameters()) + list(model.named_buffers())
+               if "cache" not in n and n not in ("cos", "sin"))
+
+
+def sqnr_db(y, ref) -> float:
+    noise = (y.float() - ref.float()).pow(2).mean()
+    return float(10 * torch.log10(ref.float().pow(2).mean() / noise.clamp_min(1e-30)))
+
+
+def measure(model, args, ref_out):
+    d = 4096
+    gen = torch.Generator(device="cuda").manual_seed(1)  # the same inputs for every mode
+    row, x_pre = {}, torch.randn(1, args.prefill, d, device="cuda", dtype=torch.float16, generator=gen)
+    pos_pre = torch.arange(args.prefill, device="cuda")
+    with torch.no_grad():
+        out = model(x_pre[:, :args.sqnr_tokens], pos_pre[:args.sqnr_tokens])
+        row["sqnr"] = sqnr_db(out, ref_out) if ref_out is not None else float("inf")
+        row["prefill eager"] = call_us(lambda: model(x_pre, pos_pre), iters=args.iters_prefill, warmup=2) / 1e3
+        compiled_pre = torch.compile(model, fullgraph=True)
+        row["prefill compiled"] = call_us(lambda: compiled_pre(x_pre, pos_pre), iters=args.iters_prefill,
+                                          warmup=3) / 1e3
+        step = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        for batch in (1, 16):
+            x = torch.randn(batch, 1, d, device="cuda", dtype=torch.float16, generator=gen)
+            pos = torch.tensor([args.prefill], device="cuda")
+            row[f"decode b{batch} eager"] = call_us(lambda: model(x, pos), iters=args.iters) / 1e3
+
+            def graphed():
+                torch.compiler.cudagraph_mark_step_begin()
+                return step(x, pos)
+            row[f"decode b{batch} compiled"] = call_us(graphed, iters=args.iters, warmup=5) / 1e3
+    row["weights GiB"] = weight_bytes(model) / 2**30
+    return row, out
+
+
+def host_overhead(args) -> list[list]:
+    """Host us of one M = 1 call: QuantLinear (each mode) against nn.Linear fp16, 4096 x 4096."""
+    torch.manual_seed(0)
+    lin = nn.Linear(4096, 4096, bias=False, device="cuda", dtype=torch.float16)
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+    rows = []
+    with torch.no_grad():
+        base = host_us(lambda: lin(x), iters=2000)
+        rows.append(["nn.Linear fp16", base, 1.0])
+        for mode, config in MODES.items():
+            if not isinstance(config, (WeightOnlyConfig, W8A8BlockConfig, W8A8ChannelConfig)):
+                continue
+            q = cutlass_ops.nn.QuantLinear.from_float(copy.deepcopy(lin), config)
+            q(x)
+            us = host_us(lambda: q(x), iters=2000)
+            rows.append([f"QuantLinear {mode}", us, us / base])
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 layers, prefill 512, fewer iterations")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--out", type=Path, help="default: scripts/results/<gpu>/bench_llama.md")
+    parser.add_argument("-v", action="store_true", help="INFO logs (quantize_ summaries)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO if args.v else logging.WARNING)
+    args.prefill, args.iters, args.iters_prefill, args.sqnr_tokens = 2048, 50, 5, 128
+    if args.quick:
+        args.layers, args.prefill, args.iters, args.iters_prefill = 2, 512, 10, 2
+    rows, ref_out, notes = [], None, []
+    for mode in MODES:
+        if MODES[mode] == "torchao":
+            try:
+                import torchao.quantization  # noqa: F401
+            except ImportError as e:
+                notes.append(f"torchao column skipped: {e}")
+                continue
+        try:
+            model = build(args, mode)
+            row, out = measure(model, args, ref_out)
+        except Exception as e:  # one mode failing must not lose the others' numbers
+            log.exception("mode %s failed", mode)
+            notes.append(f"{mode}: failed ({type(e).__name__}: {str(e).splitlines()[0][:160]})")
+            continue
+        finally:
+            torch._dynamo.reset()
+        if mode == "fp16":
+            ref_out = out
+        rows.append([mode, row["decode b1 eager"], row["decode b1 compiled"], row["decode b16 eager"],
+                     row["decode b16 compiled"], row["prefill eager"], row["prefill compiled"], row["weights GiB"],
+                     row["sqnr"]])
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+    header = ["mode", "decode b1 eager ms", "decode b1 compiled ms", "decode b16 eager ms", "decode b16 compiled ms",
+              f"prefill {args.prefill} eager ms", f"prefill {args.prefill} compiled ms", "weights GiB",
+              "SQNR dB vs fp16"]
+    fmt = [[r[0], *(f"{v:.3f}" if isinstance(v, float) else v for v in r[1:])] for r in rows]
+    lines = [f"Llama-style decoder, {args.layers} layers, hidden 4096, MLP 14336, GQA 32/8 heads, fp16 activations. "
+             f"Decode: one token after a {args.prefill}-token context; compiled = torch.compile(mode="
+             f"\"reduce-overhead\", fullgraph=True); prefill compiled = torch.compile(fullgraph=True). SQNR of the "
+             f"first {args.sqnr_tokens} prefill outputs against fp16.", "", table(header, fmt), ""]
+    host = host_overhead(args)
+    lines += ["Host time of one eager M = 1 call (4096 x 4096, torch.no_grad), target <= 1.2x nn.Linear:", "",
+              table(["layer", "host us", "x nn.Linear"], [[n, f"{u:.1f}", f"{r:.2f}"] for n, u, r in host]), ""]
+    lines += [f"- {n}" for n in notes]
+    write_report(lines, out=args.out, bench="bench_llama")
+
+
+if __name__ == "__main__":
+    main()
