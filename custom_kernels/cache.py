@@ -1,36 +1,80 @@
-"""Content-addressed on-disk cache shared by the NVRTC and CUTLASS build paths.
+"""Content-addressed on-disk cache shared by the NVRTC, CUTLASS and C++-extension build paths.
 
-Everything the toolkit compiles lives under one root: ``$CUTLASS_OPS_CACHE_DIR`` when set,
-else the user's cache directory (``platformdirs.user_cache_dir("cutlass_ops")``). Nothing is
-ever written to the current directory.
+Everything the toolkit compiles lives under one root: ``$CUTLASS_OPS_CACHE_DIR`` when set (an
+absolute path), else the user's cache directory (``platformdirs.user_cache_dir("cutlass_ops")``).
+Nothing is ever written to the current directory; directories are created mode 0700.
+
+An entry is a file (or a directory of files) whose name carries its content key. Entries are
+built and published under a file lock ``<entry>.lock`` (:func:`entry_lock`), re-checked once the
+lock is held, so N processes x M threads that want one entry compile it once. Every published
+file has a sidecar ``<file>.sha256``; :func:`load` / :func:`verify` check it on the first load
+from disk in a process (then trust the file while its inode, size and mtime stay the same). A
+file whose hash does not match is rebuilt with a warning, never loaded. A file without a sidecar
+(written by older code, e.g. a carried prebuilt cache) is *adopted*: checked for structure by the
+caller's ``validate`` (:func:`looks_like_elf` for cubins and shared libraries), hashed, and its
+sidecar written (kept in memory only when the cache is read-only); one that fails the check is
+rebuilt. Each build logs ``built <entry>`` on the ``custom_kernels.cache`` logger at INFO.
 """
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
+import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
+
+__all__ = ["ENV_VAR", "cache_root", "cache_dir", "content_key", "atomic_write", "publish", "load", "verify",
+           "entry_lock", "get_or_build", "looks_like_elf", "sidecar_path"]
 
 ENV_VAR = "CUTLASS_OPS_CACHE_DIR"
+DIR_MODE = 0o700
+LOCK_TIMEOUT_S = 1800.0  # a CUTLASS build takes minutes; a dead holder's flock is released by the kernel
+
+log = logging.getLogger(__name__)
 
 
 def cache_root() -> Path:
     """The root of the cache: ``$CUTLASS_OPS_CACHE_DIR`` or the user's cache directory."""
     override = os.environ.get(ENV_VAR)
     if override:
-        return Path(override).expanduser().resolve()
+        path = Path(override).expanduser()
+        if not path.is_absolute():  # would follow the cwd, which the CUTLASS bridge changes while it runs
+            raise ValueError(f"{ENV_VAR} must be an absolute path, got {override!r}")
+        return path.resolve()
     try:
         import platformdirs
     except ImportError:  # e.g. a bare GPU image: follow the XDG rule platformdirs uses on Linux
-        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        return (Path(base) / "cutlass_ops").expanduser().resolve()
+        base = os.environ.get("XDG_CACHE_HOME", "")
+        if not os.path.isabs(base):  # the XDG spec: a relative value is invalid and ignored
+            base = str(Path.home() / ".cache")
+        return (Path(base) / "cutlass_ops").resolve()
     return Path(platformdirs.user_cache_dir("cutlass_ops")).expanduser().resolve()
 
 
+def _mkdir(path: Path) -> None:
+    """Create ``path`` and its missing parents below the cache root with mode 0700."""
+    if path.is_dir():
+        return
+    root = cache_root()
+    todo = []
+    p = path
+    while not p.is_dir() and p != p.parent:
+        todo.append(p)
+        p = p.parent
+    for p in reversed(todo):
+        try:  # directories outside the root (the root's parents) get the umask's mode
+            p.mkdir(mode=DIR_MODE if (p == root or root in p.parents) else 0o777)
+        except FileExistsError:
+            pass
+
+
 def cache_dir(*parts: str) -> Path:
-    """A sub-directory of the cache root, created on demand."""
+    """A sub-directory of the cache root, created (0700) on demand."""
     path = cache_root().joinpath(*parts)
-    path.mkdir(parents=True, exist_ok=True)
+    _mkdir(path)
     return path
 
 
@@ -46,7 +90,7 @@ def content_key(*parts: bytes | str) -> str:
 
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see either nothing or the whole file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _mkdir(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -58,3 +102,139 @@ def atomic_write(path: Path, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+# ------------------------------------------------------------------------------------------------
+# verified entries
+# ------------------------------------------------------------------------------------------------
+
+def sidecar_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def looks_like_elf(data: bytes) -> bool:
+    """A whole little-endian 64-bit ELF file (cubin or shared library): the magic, and the section
+    and program header tables and every section's contents inside the file. One of them ends the
+    file (nvcc's cubins end with the program headers, linkers' libraries with the section
+    headers), so a truncated file fails."""
+    if len(data) < 64 or data[:6] != b"\x7fELF\x02\x01":
+        return False
+    u = lambda at, n: int.from_bytes(data[at:at + n], "little")  # noqa: E731
+    phoff, shoff, phentsize, phnum, shentsize, shnum = u(0x20, 8), u(0x28, 8), u(0x36, 2), u(0x38, 2), u(0x3A, 2), u(0x3C, 2)
+    end = max(64, phoff + phentsize * phnum, shoff + shentsize * shnum)
+    if end > len(data) or (shnum and shentsize < 64):
+        return False
+    for i in range(shnum):
+        sh = shoff + i * shentsize
+        if u(sh + 4, 4) != 8:  # SHT_NOBITS (.bss) takes no room in the file
+            end = max(end, u(sh + 0x18, 8) + u(sh + 0x20, 8))
+    return end <= len(data) and end > len(data) - 4096  # nothing but padding after the last part
+
+
+def publish(path: Path, data: bytes) -> None:
+    """Write ``data`` and then its sidecar hash, each atomically (call with the entry lock held)."""
+    atomic_write(path, data)
+    digest = hashlib.sha256(data).hexdigest()
+    atomic_write(sidecar_path(path), digest.encode())
+    _remember(path, digest)
+
+
+_verified: dict[str, tuple[int, int, int, str]] = {}  # path -> (inode, size, mtime_ns, sha256) checked
+_verified_lock = threading.Lock()
+
+
+def _remember(path: Path, digest: str) -> None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    with _verified_lock:
+        _verified[str(path)] = (st.st_ino, st.st_size, st.st_mtime_ns, digest)
+
+
+def _check(path: Path, data: bytes | None, st: os.stat_result, validate, warn: bool) -> bool:
+    """Whether the file at ``path`` (its bytes ``data``, read from the file ``st`` describes) is whole."""
+    known = _verified.get(str(path))
+    if known is not None and known[:3] == (st.st_ino, st.st_size, st.st_mtime_ns):
+        return True
+    if data is None:
+        data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    sidecar = sidecar_path(path)
+    try:
+        expected = sidecar.read_text().strip()
+    except FileNotFoundError:
+        expected = None
+    if expected is not None:
+        if expected != digest:
+            if warn:
+                log.warning("cache entry %s does not match its sha256 (corrupted or truncated): rebuilding it", path)
+            return False
+    else:  # written before sidecars existed: adopt it if it is structurally whole
+        if validate is not None and not validate(data):
+            if warn:
+                log.warning("cache entry %s (no sha256 sidecar) is not a whole file: rebuilding it", path)
+            return False
+        try:
+            atomic_write(sidecar, digest.encode())
+            log.info("adopted cache entry %s (sha256 sidecar written)", path)
+        except OSError:  # a read-only carried cache: trust it for this process only
+            log.info("adopted read-only cache entry %s", path)
+    with _verified_lock:
+        _verified[str(path)] = (st.st_ino, st.st_size, st.st_mtime_ns, digest)
+    return True
+
+
+def load(path: Path, validate: Callable[[bytes], bool] | None = None, *, warn: bool = True) -> bytes | None:
+    """The bytes of the cache file ``path`` if present and whole (see the module docstring), else None."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    return data if _check(path, data, st, validate, warn) else None
+
+
+def verify(path: Path, validate: Callable[[bytes], bool] | None = None, *, warn: bool = True) -> bool:
+    """Whether the cache file ``path`` (loaded by someone else by its path: dlopen) is present and whole."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return _check(path, None, st, validate, warn)
+
+
+_thread_locks: dict[str, threading.Lock] = {}
+
+
+@contextmanager
+def entry_lock(entry: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Hold ``<entry>.lock``: one builder per entry across processes (flock) and threads."""
+    import filelock
+
+    _mkdir(entry.parent)
+    key = str(entry)
+    with _verified_lock:
+        tlock = _thread_locks.setdefault(key, threading.Lock())
+    with tlock, filelock.FileLock(str(entry) + ".lock", timeout=timeout, mode=0o600):
+        yield
+
+
+def get_or_build(path: Path, build: Callable[[], bytes], validate: Callable[[bytes], bool] | None = None,
+                 *, force: bool = False) -> tuple[bytes, bool]:
+    """(the bytes of cache file ``path``, whether they came from the cache): loaded and verified,
+    or built by ``build()`` and published under the entry's lock (re-checked once it is held)."""
+    if not force:
+        data = load(path, validate, warn=False)  # a mismatch may be a publish in progress: decide under the lock
+        if data is not None:
+            return data, True
+    with entry_lock(path):
+        if not force:
+            data = load(path, validate)
+            if data is not None:
+                return data, True
+        data = build()
+        publish(path, data)
+    log.info("built %s", path.name)
+    return data, False

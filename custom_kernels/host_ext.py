@@ -1,7 +1,9 @@
 """The C++ per-call launch path (``host/int8_gemm_launch.cpp``), built as a torch extension.
 
 Built once per (source, torch, Python, compiler flags) into ``<cache>/host_ext/<key>/`` with
-torch's extension builder (ninja and the host C++ compiler) and loaded from there afterwards;
+torch's extension builder (ninja and the host C++ compiler), under the lock ``<key>.lock``, and
+loaded from there afterwards; the built ``.so`` gets a sha256 sidecar, checked before each
+process loads it (a mismatch deletes it with a warning, so ninja rebuilds it);
 ``scripts/build_kernels.py`` builds it ahead of time. When it cannot be built or loaded (no
 compiler, no ninja) or ``CUTLASS_OPS_HOST_EXT=0``, :func:`load` returns None and callers keep their
 Python path; the reason is logged once.
@@ -16,6 +18,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from . import cache
 from .cache import cache_dir, content_key
 from .cuda_paths import cuda_include_dirs
 from .launch import cu_launch_kernel_ex, switch_on
@@ -81,10 +84,17 @@ def _build_and_load() -> ModuleType:
         pass
     directory = cache_dir("host_ext", _key())
     name = "cutlass_ops_int8_gemm_launch"
-    directory.mkdir(parents=True, exist_ok=True)
-    if not any(directory.glob(f"{name}*.so")):
-        log.info("building the C++ launch path into %s (once, about a minute; scripts/build_kernels.py "
-                    "builds it ahead of time)", directory)
-    return cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(_CFLAGS),
-                              extra_include_paths=list(cuda_include_dirs()), build_directory=str(directory),
-                              verbose=False)
+    with cache.entry_lock(directory):  # torch's own baton is per build, not per publish-and-check
+        for lib in directory.glob(f"{name}*.so"):
+            if not cache.verify(lib, cache.looks_like_elf):
+                lib.unlink()  # ninja rebuilds a missing output
+        if not any(directory.glob(f"{name}*.so")):
+            log.info("building the C++ launch path into %s (once, about a minute; scripts/build_kernels.py "
+                     "builds it ahead of time)", directory)
+        module = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(_CFLAGS),
+                                    extra_include_paths=list(cuda_include_dirs()), build_directory=str(directory),
+                                    verbose=False)
+        for lib in directory.glob(f"{name}*.so"):
+            if not cache.sidecar_path(lib).is_file() or not cache.verify(lib, warn=False):
+                cache.publish(lib, lib.read_bytes())  # fresh from ninja: record its hash
+    return module

@@ -1,8 +1,10 @@
 """Compile ``.cu`` sources to cubin with NVRTC (cuda.bindings.nvrtc), cached by content.
 
 The cache key covers the source, every project header in ``kernels/``, the options, the
-NVRTC version and the target architecture; cubins are written atomically under
-``cache_root()/nvrtc``. No GPU is needed: cubins for sm_75/80/90 build on a CPU machine.
+NVRTC version and the target architecture; cubins are built once under the entry's file lock and
+published with a sha256 sidecar under ``cache_root()/nvrtc`` (:func:`custom_kernels.cache.get_or_build`:
+a corrupted cubin is rebuilt, never loaded). No GPU is needed: cubins for sm_75/80/90 build on a
+CPU machine.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Iterable, Mapping
 
 from cuda.bindings import nvrtc
 
-from .cache import atomic_write, cache_dir, content_key
+from .cache import cache_dir, content_key, get_or_build, looks_like_elf
 from .cuda_paths import cuda_include_dirs
 
 log = logging.getLogger(__name__)
@@ -95,9 +97,13 @@ def compile_source(
     key_opts = [o for o in opts if not o.startswith("-I")]
     key = content_key(source, _project_headers_digest(), "\0".join(key_opts), repr(nvrtc_version()), arch)
     path = cache_dir("nvrtc") / f"{Path(name).stem}-sm{arch}-{key[:24]}.cubin"
-    if use_cache and path.exists():
-        return Cubin(name, arch, path.read_bytes(), path, True)
+    data, from_cache = get_or_build(path, lambda: _compile(source, name, arch, opts, key_opts), looks_like_elf,
+                                    force=not use_cache)
+    return Cubin(name, arch, data, path, from_cache)
 
+
+def _compile(source: str, name: str, arch: str, opts: list[str], key_opts: list[str]) -> bytes:
+    """One NVRTC compilation to a cubin (no cache)."""
     t0 = time.perf_counter()
     prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
     try:
@@ -118,12 +124,10 @@ def compile_source(
         size = _check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
         data = bytearray(size)
         _check(nvrtc.nvrtcGetCUBIN(prog, data), "nvrtcGetCUBIN")
-        data = bytes(data)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    atomic_write(path, data)
     log.info("compiled %s for sm_%s in %.2f s", name, arch, time.perf_counter() - t0)
-    return Cubin(name, arch, data, path, False)
+    return bytes(data)
 
 
 def kernel_path(filename: str) -> Path:

@@ -9,6 +9,12 @@ with nvcc for an explicit target and stores them in a directory under ``cache_di
     kernels/<name>-<key>/build.log      the nvcc commands and their output
     index/<spec-key>.json               spec -> kernel directory (lookups need no CUTLASS import)
 
+A kernel directory is built under the lock ``kernels/<name>-<key>.lock`` (re-checked once held, so
+concurrent processes build it once); ``kernel.cubin``, ``host.so`` and ``meta.json`` each have a
+``.sha256`` sidecar, checked on the first load in a process (:mod:`custom_kernels.cache`): a
+mismatch rebuilds the directory with a warning. Directories built before sidecars existed are
+adopted (cubin and host library checked to be whole ELF files, meta to parse), not rebuilt.
+
 The key of a kernel directory (:func:`content_key_of`) covers the emitted sources, the nvcc flags,
 the nvcc version and the target arch. The meta's argument layout (:mod:`.arguments`) lets
 :mod:`.kernel` fill the ``Arguments`` struct at run time without the interface.
@@ -28,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import epilogues
+from custom_kernels import cache
 from custom_kernels.cache import atomic_write, cache_dir, content_key
 from custom_kernels.cuda_paths import nvcc_path
 
@@ -65,24 +72,34 @@ class GemmArtifact:
         return self.directory / "host.so"
 
     @classmethod
-    def load(cls, directory: Path) -> "GemmArtifact | None":
-        meta_path = directory / "meta.json"
-        if not meta_path.is_file():
+    def load(cls, directory: Path, warn: bool = True) -> "GemmArtifact | None":
+        """The artifact in ``directory`` if it is complete and every file matches its sha256, else None."""
+        meta_bytes = cache.load(directory / "meta.json", _parses_as_json, warn=warn)
+        if meta_bytes is None:
             return None
-        meta = json.loads(meta_path.read_text())
-        art = cls(directory, meta)
-        if not (art.cubin_path.is_file() and art.host_path.is_file()):
+        art = cls(directory, json.loads(meta_bytes))
+        if not (cache.verify(art.cubin_path, cache.looks_like_elf, warn=warn)
+                and cache.verify(art.host_path, cache.looks_like_elf, warn=warn)):
             return None
         return art
+
+
+def _parses_as_json(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
 
 
 def lookup(spec: GemmKernelSpec) -> GemmArtifact | None:
     """The built kernel of ``spec`` from the index, or None. Imports no CUTLASS, runs no nvcc."""
     entry = cache_dir("cutlass", "index") / f"{spec.index_key()}.json"
-    if not entry.is_file():
+    try:
+        name = json.loads(entry.read_bytes())["directory"]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):  # absent or damaged: build() rewrites it
         return None
-    directory = cache_dir("cutlass", "kernels") / json.loads(entry.read_text())["directory"]
-    return GemmArtifact.load(directory)
+    return GemmArtifact.load(cache_dir("cutlass", "kernels") / name, warn=False)  # build() warns under its lock
 
 
 def _gencode(target_arch: str) -> str:
@@ -158,12 +175,14 @@ def build(spec: GemmKernelSpec, *, force: bool = False) -> tuple[GemmArtifact, b
     emitted = emit(spec)
     key = content_key_of(spec, emitted)
     directory = cache_dir("cutlass", "kernels") / f"{spec.name}-{key[:16]}"
-    artifact = None if force else GemmArtifact.load(directory)
-    hit = artifact is not None
-    if artifact is None:
-        artifact = _compile(spec, emitted, directory, key, t0)
-    index_entry = {"directory": directory.name, "spec": spec.to_dict(), "kernel_name": emitted.kernel_name}
-    atomic_write(cache_dir("cutlass", "index") / f"{spec.index_key()}.json", json.dumps(index_entry, indent=1).encode())
+    with cache.entry_lock(directory):  # one build per directory across processes and threads
+        artifact = None if force else GemmArtifact.load(directory)
+        hit = artifact is not None
+        if artifact is None:
+            artifact = _compile(spec, emitted, directory, key, t0)
+        index_entry = {"directory": directory.name, "spec": spec.to_dict(), "kernel_name": emitted.kernel_name}
+        atomic_write(cache_dir("cutlass", "index") / f"{spec.index_key()}.json",
+                     json.dumps(index_entry, indent=1).encode())
     return artifact, hit
 
 
@@ -204,13 +223,14 @@ def _compile(spec: GemmKernelSpec, emitted: EmittedGemm, directory: Path, key: s
             "build_seconds": round(time.perf_counter() - t0, 2),
             **info,
         }
-        directory.mkdir(parents=True, exist_ok=True)
-        atomic_write(directory / "kernel.cubin", (workdir / "kernel.cubin").read_bytes())
-        atomic_write(directory / "host.so", (workdir / "host.so").read_bytes())
+        cache_dir("cutlass", "kernels", directory.name)
+        cache.publish(directory / "kernel.cubin", (workdir / "kernel.cubin").read_bytes())
+        cache.publish(directory / "host.so", (workdir / "host.so").read_bytes())
         atomic_write(directory / "build.log", build_log.encode())
         atomic_write(directory / "device.cu", emitted.device_source.encode())
-        atomic_write(directory / "meta.json", json.dumps(meta, indent=1).encode())  # written last: marks completion
+        cache.publish(directory / "meta.json", json.dumps(meta, indent=1).encode())  # last: marks completion
         log.info("built %s in %.1f s", spec.name, meta["build_seconds"])
+        cache.log.info("built %s", directory.name)
         return GemmArtifact(directory, meta)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
