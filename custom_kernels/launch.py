@@ -116,7 +116,7 @@ class Kernel:
         """Allow more than 48 KiB of dynamic shared memory (applied on every device used)."""
         if nbytes > self._max_dynamic_smem:
             self._max_dynamic_smem = nbytes
-            for fn in self._functions.values():
+            for fn in list(self._functions.values()):  # another thread may add a device meanwhile
                 self._set_smem(fn, nbytes)
 
     def max_active_blocks(self, threads: int, smem: int, device: int) -> int:

@@ -240,6 +240,14 @@ def _check_int8_operands(A, B, a_name: str, b_name: str) -> None:
                          f"{tuple(A.shape)} vs {tuple(B.shape)}")
 
 
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory spans of two tensors intersect (contiguous spans: what the kernels touch)."""
+    if not (a.numel() and b.numel()):
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch=None, out_dtype=None,
               out: torch.Tensor | None = None, **epilogue_args) -> torch.Tensor:
     """D[M, N] = epilogue(A[M, K] @ B[N, K]^T) with int8 A, B and an int32 accumulator (CUTLASS).
@@ -261,6 +269,9 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch=
             raise TypeError(f"out must be None or a torch.Tensor, got {type(out).__name__}")
         if out_dtype is None:
             out_dtype = out.dtype
+        for name, t in (("A", A), ("B", B)):
+            if _overlap(out, t):
+                raise ValueError(f"out overlaps {name} in memory: the kernel would read what it writes")
     device = A.get_device()  # -1 on the CPU
     if device < 0 or B.get_device() != device:
         _check_devices("int8_gemm", "A", A, {"B": B, **{n: v for n, v in epilogue_args.items()

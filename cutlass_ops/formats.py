@@ -148,6 +148,11 @@ class QuantizedWeight:
             t = getattr(self, name)
             check_dtype(t, f"QuantizedWeight.{name}", (torch.float32,))
             check_shape(t, f"QuantizedWeight.{name}", (N, G), "[N, K // block_size]")
+            if not bool(torch.isfinite(t).all()):  # the kernels would write NaN/Inf silently
+                raise ValueError(f"QuantizedWeight.{name} holds NaN or Inf values")
+        for name in ("qweight", "scale", "offset"):  # the kernels index them as dense row-major arrays
+            if not getattr(self, name).is_contiguous():
+                raise ValueError(f"QuantizedWeight.{name} must be contiguous (call .contiguous() on it)")
         if self.conv_shape is not None:
             Co, Kh, Kw, Ci = self.conv_shape
             if Co != N or Kh * Kw * Ci != K:

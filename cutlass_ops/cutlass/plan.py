@@ -93,6 +93,8 @@ class Int8Gemm:
             D = fast.run(A, B, device, out, inputs)
             if D is not None:
                 return D
+        if not (A.shape[0] and B.shape[0] and A.shape[1]):
+            return self._empty(A, B, out, inputs, device)
         M, N, K, pointers, nonnull, scalars, out = self._arguments(A, B, out, device, inputs)
         kernel = self._kernel or self.kernel
         kernel.launch(M, N, K, pointers, scalars, device=device, nonnull=nonnull)
@@ -101,6 +103,20 @@ class Int8Gemm:
                                                 bool(self._scalars))
         if fast:
             fast.register(M, N, K, nonnull, device, pointers)
+        return out
+
+    def _empty(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, inputs: dict[str, Any],
+               device: int) -> torch.Tensor:
+        """M, N or K = 0, without a launch: an empty D, or (K = 0) the epilogue of a zero accumulator."""
+        M, N = A.shape[0], B.shape[0]
+        if out is None:
+            out = torch.empty(M, N, dtype=self.out_dtype, device=A.device)
+        elif out.shape != (M, N) or out.dtype != self.out_dtype or out.get_device() != device:
+            raise ValueError(f"out must be a {self.out_dtype} tensor [M={M}, N={N}] on {A.device}, "
+                             f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+        if M and N:  # K = 0: the accumulator is zero; the epilogue's float64 reference gives D
+            accum = torch.zeros(M, N, dtype=torch.float64)
+            out.copy_(self.epilogue.reference(accum, self.spec.element_D, **inputs))
         return out
 
     def launch_arguments(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
