@@ -23,14 +23,12 @@ from cutlass_ops import torch_ops  # noqa: F401  (registers torch.ops.cutlass_op
 from cutlass_ops.formats import (
     QuantizedWeight, quantize_activation_reference, quantize_conv_weight, quantize_weight,
 )
+from cutlass_ops.w8a8 import PATHS as W8A8_PATHS  # the family's own list (importing it loads no GPU code)
 
 __all__ = [
     "QuantizedWeight", "quantize_weight", "quantize_conv_weight", "quantize_activation", "linear",
     "conv2d", "linear_w8a8", "int8_gemm", "int8_gemm_requant", "W8A8_PATHS",
 ]
-
-W8A8_PATHS = ("fused", "orchestrator", "literal")
-
 
 # --------------------------------------------------------------------------------------------
 # shared checks

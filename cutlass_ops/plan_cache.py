@@ -43,7 +43,10 @@ _entries: OrderedDict[tuple, WeightEntry] = OrderedDict()
 
 def _drop(key: tuple) -> Callable[[Any], None]:
     def callback(_ref) -> None:
-        with _lock:
+        lock = _lock
+        if lock is None:  # interpreter shutdown: the module's globals are already gone
+            return
+        with lock:
             _entries.pop(key, None)
     return callback
 

@@ -271,7 +271,7 @@ def test_import_loads_no_gpu_runtime():
         "import cutlass_ops, cutlass_ops.reference\n"
         "new = sorted(set(sys.modules) - before)\n"
         "bad = [m for m in new if m.split('.')[0] in ('cuda', 'cutlass_cppgen', 'cutlass', 'custom_kernels')"
-        " or m.startswith(('cutlass_ops.ops', 'cutlass_ops.cutlass', 'cutlass_ops.weight_only', 'cutlass_ops.conv', 'cutlass_ops.w8a8'))]\n"
+        " or m.startswith(('cutlass_ops.ops', 'cutlass_ops.cutlass', 'cutlass_ops.weight_only', 'cutlass_ops.conv', 'cutlass_ops.w8a8.'))]\n"
         "assert 'cutlass_cppgen' not in sys.modules, 'cutlass_cppgen imported'\n"
         "assert not bad, bad\n"
     )

@@ -8,13 +8,13 @@ import pytest
 from custom_kernels import nvrtc
 from custom_kernels.cuda_paths import nvcc_path
 
-SOURCES = ("conv_weight_only.cu", "quant_a.cu", "scheme2_epilogue.cu")
+SOURCES = ("conv_direct.cu", "conv_igemm.cu", "quant_a.cu", "scheme2_epilogue.cu")
 
-# extern "C" entry points each source must export (the names cutlass_ops.ops launches).
+# extern "C" entry points each source must export (the names cutlass_ops.conv and cutlass_ops.w8a8 launch).
 ENTRY_POINTS = {
-    "conv_weight_only.cu": [f"conv_direct_{t}_w{b}_{l}" for t in ("f32", "f16", "bf16") for b in (4, 8)
-                            for l in ("nchw", "nhwc")]
-    + [f"conv_igemm_{t}_w{b}_{l}" for t in ("f16", "bf16") for b in (4, 8) for l in ("nchw", "nhwc")]
+    "conv_direct.cu": [f"conv_direct_{t}_w{b}_{l}" for t in ("f32", "f16", "bf16") for b in (4, 8)
+                       for l in ("nchw", "nhwc")],
+    "conv_igemm.cu": [f"conv_igemm_{t}_w{b}_{l}" for t in ("f16", "bf16") for b in (4, 8) for l in ("nchw", "nhwc")]
     + [f"conv_splitk_reduce_{t}_{l}" for t in ("f16", "bf16") for l in ("nchw", "nhwc")]
     + ["conv_nchw_to_nhwc_b16"],
     "quant_a.cu": ["quant_a_f32", "quant_a_f16", "quant_a_bf16", "quant_a_warp_f32", "quant_a_warp_f16",
@@ -37,14 +37,19 @@ def test_nvrtc_builds_with_every_entry_point(name, arch):
 
 @pytest.mark.parametrize("t_code, bits", [(1, 4), (2, 8), (3, 4)])
 def test_conv_module_selection_builds_only_its_kernels(t_code, bits):
-    """conv.py builds one module per (dtype, bits) through CUOPS_CONV_T / CUOPS_CONV_BITS."""
-    cubin = nvrtc.compile_file("conv_weight_only.cu", 90, defines={"CUOPS_CONV_T": t_code, "CUOPS_CONV_BITS": bits})
+    """cutlass_ops.conv builds one module per (strategy, dtype, bits) through CUOPS_CONV_T / CUOPS_CONV_BITS."""
+    defines = {"CUOPS_CONV_T": t_code, "CUOPS_CONV_BITS": bits}
+    direct = nvrtc.compile_file("conv_direct.cu", 90, defines=defines).data
+    igemm = nvrtc.compile_file("conv_igemm.cu", 90, defines=defines).data
     tag = {1: "f32", 2: "f16", 3: "bf16"}[t_code]
     other = 8 if bits == 4 else 4
-    assert f"conv_direct_{tag}_w{bits}_nhwc".encode() in cubin.data
-    assert f"conv_direct_{tag}_w{other}_nhwc".encode() not in cubin.data
-    assert (f"conv_igemm_{tag}_w{bits}_nhwc".encode() in cubin.data) == (t_code != 1)
-    assert (b"conv_nchw_to_nhwc_b16" in cubin.data) == (t_code != 1)
+    assert f"conv_direct_{tag}_w{bits}_nhwc".encode() in direct
+    assert f"conv_direct_{tag}_w{other}_nhwc".encode() not in direct
+    assert b"conv_igemm_" not in direct
+    assert (f"conv_igemm_{tag}_w{bits}_nhwc".encode() in igemm) == (t_code != 1)
+    assert f"conv_igemm_{tag}_w{other}_nhwc".encode() not in igemm
+    assert (b"conv_nchw_to_nhwc_b16" in igemm) == (t_code != 1)
+    assert b"conv_direct_" not in igemm
 
 
 @pytest.mark.parametrize("name", SOURCES)

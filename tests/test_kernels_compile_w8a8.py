@@ -11,11 +11,11 @@ import torch
 from custom_kernels import nvrtc
 from custom_kernels.cuda_paths import cuda_include_dirs, nvcc_path
 from cutlass_ops.formats import QuantizedWeight, quantize_activation_reference
-from cutlass_ops.ops import w8a8_fused
-from cutlass_ops.ops.w8a8_fused import (
-    BLOCK_SIZES, KERNEL_FILE, TILE_CONFIGS, TileConfig, linear_w8a8_fused, prepare_weight_w8a8,
-    quantize_activation_torch,
-)
+from cutlass_ops import plan_cache
+from cutlass_ops.w8a8 import fused as w8a8_fused
+from cutlass_ops.w8a8 import tiles
+from cutlass_ops.w8a8.fused import linear_w8a8_fused, prepare_weight_w8a8, quantize_activation_torch
+from cutlass_ops.w8a8.tiles import BLOCK_SIZES, KERNEL_FILE, TILE_CONFIGS, TileConfig
 
 
 def _is_cubin(data: bytes) -> bool:
@@ -36,7 +36,7 @@ def test_every_tile_variant_compiles_for_hopper(config):
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_wgmma_kernel_compiles_for_every_block_size(block_size):
-    cfg = TILE_CONFIGS[w8a8_fused.choose_config(4096, 8192, cc=w8a8_fused.WGMMA_CC)]  # the Hopper default
+    cfg = TILE_CONFIGS[tiles.choose_config(4096, 8192, cc=tiles.WGMMA_CC)]  # the Hopper default
     cubin = nvrtc.compile_file(cfg.kernel_file, "90a", defines=cfg.defines(block_size))
     assert _is_cubin(cubin.data)
     # the sm_90a build is the real kernel, not the trap stub that other targets get
@@ -47,14 +47,14 @@ def test_wgmma_kernel_compiles_for_every_block_size(block_size):
 @pytest.mark.parametrize("arch", [75, 80, 90])
 def test_wgmma_kernel_builds_a_trap_stub_elsewhere(arch):
     # every kernel compiles for every target; off sm_90a this one only traps (Python never launches it there)
-    assert _is_cubin(nvrtc.compile_file(w8a8_fused.WGMMA_KERNEL_FILE, arch).data)
+    assert _is_cubin(nvrtc.compile_file(tiles.WGMMA_KERNEL_FILE, arch).data)
 
 
 def test_wgmma_variant_is_refused_off_hopper():
-    assert TILE_CONFIGS[w8a8_fused.choose_config(4096, 8192, cc=90)].wgmma
-    assert not TILE_CONFIGS[w8a8_fused.choose_config(128, 8192, cc=90)].wgmma
-    assert not TILE_CONFIGS[w8a8_fused.choose_config(4096, 8192, cc=80)].wgmma
-    assert not TILE_CONFIGS[w8a8_fused.choose_config(16, 8192, cc=90)].wgmma
+    assert TILE_CONFIGS[tiles.choose_config(4096, 8192, cc=90)].wgmma
+    assert not TILE_CONFIGS[tiles.choose_config(128, 8192, cc=90)].wgmma
+    assert not TILE_CONFIGS[tiles.choose_config(4096, 8192, cc=80)].wgmma
+    assert not TILE_CONFIGS[tiles.choose_config(16, 8192, cc=90)].wgmma
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
@@ -143,10 +143,21 @@ def test_prepare_weight_builds_the_column_vectors():
     q64 = qw.scale.double() * sumB.double() + 32 * qw.offset.double()
     assert torch.equal(bvec[..., 2], q64.float().T)
     assert torch.equal(bvec[..., 3], torch.zeros(4, 5))
-    assert prepare_weight_w8a8(qw, device="cpu") is prep  # cached on the weight
+    assert prepare_weight_w8a8(qw, device="cpu") is prep  # cached in the plan cache
+    assert not [k for k in vars(qw) if k.startswith("_")]  # nothing stored on the weight
     qw.scale.mul_(2)  # an in-place change invalidates the cache
     again = prepare_weight_w8a8(qw, device="cpu")
     assert again is not prep and torch.equal(again["bvec"][..., 0], qw.scale.T)
+
+
+def test_prepared_weight_still_pickles():
+    import pickle
+
+    qw = _random_weight(5, 128, 32)
+    prepare_weight_w8a8(qw, device="cpu")
+    back = pickle.loads(pickle.dumps(qw))
+    assert torch.equal(back.qweight, qw.qweight) and torch.equal(back.scale, qw.scale)
+    assert plan_cache.stats()["plans"] >= 1
 
 
 def test_rejects_int4_and_unsupported_block_sizes():
@@ -224,7 +235,7 @@ def test_ping_pong_and_wide_tile_rules():
 
 
 def test_hopper_default_by_M():
-    cc = w8a8_fused.WGMMA_CC
-    assert w8a8_fused.choose_config(w8a8_fused.WP_MIN_M, 8192, cc=cc) == "WP"
-    assert w8a8_fused.choose_config(w8a8_fused.WP_MIN_M - 1, 8192, cc=cc) == "WN"
-    assert w8a8_fused.choose_config(4096, 8192, cc=80) != "WP"
+    cc = tiles.WGMMA_CC
+    assert tiles.choose_config(tiles.WP_MIN_M, 8192, cc=cc) == "WP"
+    assert tiles.choose_config(tiles.WP_MIN_M - 1, 8192, cc=cc) == "WN"
+    assert tiles.choose_config(4096, 8192, cc=80) != "WP"

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from cutlass_ops.formats import quantize_conv_weight
-from cutlass_ops.ops.conv import conv2d_output_shape, conv2d_weight_only
+import cutlass_ops
+from cutlass_ops.conv import conv2d_output_shape, conv2d_weight_only, plan_for
 from cutlass_ops.reference import conv2d_reference
 
 pytestmark = pytest.mark.gpu
@@ -167,6 +168,10 @@ def test_rejects_bad_arguments():
         conv2d_weight_only(xg[:, :16].contiguous(), qwg)
     with pytest.raises(ValueError, match="CUDA"):
         conv2d_weight_only(x, qwg)
+    with pytest.raises(ValueError, match="channels"):  # the API's own check
+        cutlass_ops.conv2d(xg[:, :16].contiguous(), qwg)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        cutlass_ops.conv2d(xg.to(torch.int32), qwg)
     with pytest.raises(ValueError, match="strategy"):
         conv2d_weight_only(xg, qwg, strategy="fast")
     with pytest.raises(ValueError, match="empty"):
@@ -205,3 +210,17 @@ def test_int4_interleave_is_honoured():
                                strategy=strategy)
         expected = torch.tensor([7.0 * ((5 * co + 3) % Ci) for co in range(Co)]).half()
         assert torch.equal(y.flatten().cpu(), expected), strategy
+
+
+def test_plans_are_built_once_per_geometry():
+    """A second call of the same problem reuses its plan (no rebuild, only the pointers change)."""
+    case = Case(2, 64, 6, 6, 72, 3, 1, 1, 1, 4, 32, torch.float16, False, 1)
+    x, qw, bias = _make(case)
+    xg, qwg, bg = x.cuda(), qw.to("cuda"), bias.cuda()
+    plan_for.cache_clear()
+    y1 = conv2d_weight_only(xg, qwg, bg, 1, 1, 1, 1, strategy="igemm", split_k=3)
+    misses = plan_for.cache_info().misses
+    y2 = conv2d_weight_only(xg.clone(), qwg, bg, 1, 1, 1, 1, strategy="igemm", split_k=3)
+    assert plan_for.cache_info().misses == misses and plan_for.cache_info().hits >= 1
+    torch.testing.assert_close(y1, y2, rtol=0, atol=0)
+    assert not [k for k in vars(qwg) if k.startswith("_")]  # nothing cached on the weight

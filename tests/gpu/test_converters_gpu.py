@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cutlass_ops.formats import INT4_DEINTERLEAVE
-from cutlass_ops.ops._loader import load_kernel
+from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -24,12 +24,18 @@ def words() -> torch.Tensor:
     return torch.cat([low_sweep.flatten(), high_sweep.flatten()])
 
 
+class ConverterArgs(KernelArgs):
+    """converters_test.cu's entry points: (words, out, n)."""
+    _fields_ = [("words", Ptr), ("out", Ptr), ("n", I32)]
+
+
 def _run(name: str, words: torch.Tensor, pairs: int) -> torch.Tensor:
     """Raw output words of converter entry ``name``: int32 [n, pairs]."""
     signed = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32).cuda()
     out = torch.full((words.numel(), pairs), -1, dtype=torch.int32, device="cuda")
-    kernel = load_kernel("converters_test.cu", name, "PPi")
-    kernel.launch((min(-(-words.numel() // 256), 4096),), (256,), [signed, out, words.numel()])
+    config = LaunchConfig.of(min(-(-words.numel() // 256), 4096), 256)
+    args = ConverterArgs(words=signed.data_ptr(), out=out.data_ptr(), n=words.numel())
+    Launch(load_kernel("converters_test.cu", name), config, args, signed.device.index)()
     torch.cuda.synchronize()
     return out
 

@@ -13,10 +13,8 @@ import pytest
 import torch
 
 from cutlass_ops.formats import quantize_activation_reference, quantize_weight
-from cutlass_ops.ops.quant import (
-    bias_and_activation_gpu, dequant_and_acc_gpu, quantize_activation_block_gpu, quantize_activation_gpu,
-    sum_bq_gpu,
-)
+from cutlass_ops.w8a8.epilogue import bias_and_activation_gpu, dequant_and_acc_gpu
+from cutlass_ops.w8a8.quant_a import quantize_activation_block_gpu, quantize_activation_gpu, sum_bq_gpu
 from cutlass_ops.reference import w8a8_kblock_reference
 
 pytestmark = pytest.mark.gpu
@@ -68,7 +66,7 @@ def test_quant_a_bit_exact(M, block_size, G, dtype):
 def test_quant_a_planes_hold_the_same_values(M, dtype):
     """The planes layout of the fused Hopper kernel: [G, 3, M rounded up to 4] = scale, offset and
     sum_q's int32 bits, bit-identical to the [M, G] outputs; A_q identical too."""
-    from cutlass_ops.ops.quant import quantize_activation_planes_gpu
+    from cutlass_ops.w8a8.quant_a import quantize_activation_planes_gpu
 
     block_size, G = 64, 3
     x = _activations(M, block_size * G, block_size, dtype).cuda()

@@ -12,12 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from custom_kernels.launcher import device_capability
+from custom_kernels.device import capability as device_capability
+from cutlass_ops import plan_cache
 from cutlass_ops.formats import QuantizedWeight, quantize_activation_reference
-from cutlass_ops.ops import w8a8_fused
-from cutlass_ops.ops.w8a8_fused import (
-    BLOCK_SIZES, TILE_CONFIGS, choose_config, linear_w8a8_fused, prepare_weight_w8a8, quantize_activation_torch,
-)
+from cutlass_ops.w8a8 import tiles
+from cutlass_ops.w8a8.fused import linear_w8a8_fused, prepare_weight_w8a8, quantize_activation_torch
+from cutlass_ops.w8a8.quant_a import quantize_activation_gpu
+from cutlass_ops.w8a8.tiles import BLOCK_SIZES, TILE_CONFIGS, choose_config
 
 pytestmark = pytest.mark.gpu
 
@@ -113,7 +114,7 @@ def test_matches_float64_reference(M, N, K, block_size, dtype, with_bias, act):
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("config", sorted(TILE_CONFIGS))
 def test_every_variant_and_block_size(config, block_size):
-    if TILE_CONFIGS[config].wgmma and device_capability() != w8a8_fused.WGMMA_CC:
+    if TILE_CONFIGS[config].wgmma and device_capability() != tiles.WGMMA_CC:
         pytest.skip("the wgmma variants need compute capability 9.0")
     # M = 129 and N = 200 leave ragged tiles in both directions for every variant
     _run(129, 200, K_FOR_BLOCK[block_size], block_size, torch.float16, True, 0, config=config, seed=block_size)
@@ -137,13 +138,11 @@ def test_end_to_end_matches_library_reference(dtype):
 
 
 def test_gpu_quantizer_is_bit_identical_to_reference():
-    from cutlass_ops.ops.w8a8_fused import _activation_quantizer
-
     gen = torch.Generator(device="cuda").manual_seed(3)
     x = _activations(37, 4096, torch.float16, gen)
     x[5, 128:256] = 0.25
     for bs in BLOCK_SIZES:
-        got = _activation_quantizer()(x, bs)
+        got = quantize_activation_gpu(x, bs)
         want = quantize_activation_reference(x.cpu(), bs)
         for a, b, name in zip(got, want, ("A_q", "scale", "offset", "sum_q")):
             assert torch.equal(a.cpu(), b), f"{name} differs at block_size={bs}"
@@ -178,6 +177,10 @@ def test_default_config_choice_and_cached_preparation():
     assert prepare_weight_w8a8(qw) is prep
     D2 = linear_w8a8_fused(x, qw, config=choose_config(40, 256, device_capability()))
     torch.testing.assert_close(D1, D2, rtol=0, atol=0)  # same variant, same inputs: deterministic
+    plans = plan_cache.stats()["plans"]
+    linear_w8a8_fused(x[:37], qw)  # another M of the same variant: the same plan, another grid
+    assert plan_cache.stats()["plans"] <= plans  # (other tests' weights may be freed meanwhile)
+    assert not [k for k in vars(qw) if k.startswith("_")]  # nothing cached on the weight
 
 
 def test_graph_capture_replays_the_kernel():

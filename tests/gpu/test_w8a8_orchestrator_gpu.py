@@ -114,3 +114,25 @@ def test_graph_capture(path):
     torch.cuda.synchronize()
     torch.testing.assert_close(out, expected, rtol=0, atol=0) if path == "orchestrator" else \
         torch.testing.assert_close(out, expected, rtol=2e-3, atol=2e-3)  # atomics: order may differ
+
+
+@pytest.mark.parametrize("path", ["orchestrator", "literal"])
+def test_many_M_share_bucketed_buffers(path):
+    """Calls of one weight at several M: the per-block buffers are kept per M bucket (a few sets, the
+    first M rows used), so every M is right and the per-weight plans stay bounded."""
+    from cutlass_ops import plan_cache
+    from cutlass_ops.w8a8.blocks import BUCKETS_KEPT, m_bucket
+
+    torch.manual_seed(5)
+    N, K, bs = 264, 512, 128
+    qw = ops.quantize_weight(torch.randn(N, K) * 0.05, bits=8, block_size=bs, symmetric=False).to("cuda")
+    Ms = (17, 18, 1, 16, 33, 300, 17, 129, 250, 1000, 2, 77)
+    for M in Ms:
+        x = torch.randn(M, K, device="cuda", dtype=torch.float16)
+        out = ops.linear_w8a8(x, qw, None, path=path)
+        ref, bound = _reference_and_bound(x, qw, None, None)
+        _check(out, ref, bound, torch.float16)
+    plan = plan_cache.plan(qw, f"w8a8.{path}", lambda: None)
+    assert plan is not None and len(plan.buffers._sets) <= BUCKETS_KEPT
+    assert m_bucket(17) == m_bucket(18) and m_bucket(1) == m_bucket(16) == 16
+    assert all(M <= m_bucket(M) <= M * 9 // 8 + 1 for M in range(17, 5000))

@@ -3,29 +3,31 @@
 ``tensor_map_2d`` describes a row-major int8 matrix [rows, cols] to the Hopper copy engine: boxes of
 ``box_rows`` x ``box_cols`` bytes written to shared memory in the 128-byte swizzle that wgmma
 descriptors read, out-of-bounds elements filled with zeros. The map is 128 opaque bytes, made by the
-driver (``cuTensorMapEncodeTiled``) and cached per (device, address, shape, box): an activation
-whose buffer the caching allocator hands out again costs a dictionary lookup.
+driver (``cuTensorMapEncodeTiled``) and cached per (device, address, shape, box) as the launcher's
+``TensorMap`` field value: an activation whose buffer the caching allocator hands out again costs a
+dictionary lookup.
 """
 from __future__ import annotations
 
-import ctypes
 import threading
 from collections import OrderedDict
 
 from cuda.bindings import driver
 
-from custom_kernels.launcher import check
+from custom_kernels.device import check
+from custom_kernels.launch import TensorMap
 
 __all__ = ["tensor_map_2d"]
 
 _KEPT = 256  # maps kept (least recently used dropped first)
-_maps: OrderedDict[tuple, bytes] = OrderedDict()
+_maps: OrderedDict[tuple, TensorMap] = OrderedDict()
 _lock = threading.Lock()
 
 
-def tensor_map_2d(address: int, rows: int, cols: int, box_rows: int, box_cols: int, device: int) -> bytes:
+def tensor_map_2d(address: int, rows: int, cols: int, box_rows: int, box_cols: int, device: int) -> TensorMap:
     """The 128-byte CUtensorMap of an int8 [rows, cols] row-major matrix at ``address`` (16-byte
-    aligned, ``cols`` a multiple of 16) read in [box_rows, box_cols] boxes, 128-byte swizzled."""
+    aligned, ``cols`` a multiple of 16) read in [box_rows, box_cols] boxes, 128-byte swizzled, as a
+    ``TensorMap`` to assign to a KernelArgs field."""
     key = (device, address, rows, cols, box_rows, box_cols)
     with _lock:
         found = _maps.get(key)
@@ -48,7 +50,8 @@ def tensor_map_2d(address: int, rows: int, cols: int, box_rows: int, box_cols: i
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # zeros
     ), f"cuTensorMapEncodeTiled(rows={rows}, cols={cols}, box={box_rows}x{box_cols})")
-    data = ctypes.string_at(tensor_map.getPtr(), 128)
+    # a copy that owns its 128 bytes (the driver object's storage goes with it)
+    data = TensorMap.from_buffer_copy(TensorMap.from_address(tensor_map.getPtr()))
     with _lock:
         _maps[key] = data
         if len(_maps) > _KEPT:

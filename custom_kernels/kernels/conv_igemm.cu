@@ -1,98 +1,17 @@
-// FP x INT4 / FP x INT8 2-D convolution with a block-quantized weight (the documents'
-// CONV_FpAInt4B, generalized). Weight as stored by cutlass_ops.formats: [Co, Kh, Kw, Ci]
-// flattened to [N = Co, K = Kh*Kw*Ci]; int8 rows of K bytes, or int4 rows of K/2 bytes in the
-// interleaved nibble order (per 32-bit word of 8 K elements, nibble i holds element
-// [0,2,4,6,1,3,5,7][i], stored u = q + 8); scale/offset float32 [Co, K/block_size], blocks
-// along Ci; w = q * scale + offset.
-//
-// Two strategies:
-//   conv_direct_*  one thread per output element, fp32 accumulation; NCHW or NHWC, fp32/fp16/
-//                  bf16, any Ci and block size, any arch. The correctness baseline.
-//   conv_igemm_*   implicit GEMM for NHWC fp16/bf16 on sm_80+: D[M = B*Oh*Ow, N = Co] =
-//                  im2col(x)[M, K] @ W^T. 64x64x32 tiles, 4 warps of mma.sync m16n8k16 side
-//                  by side along N, a 4-stage cp.async ring for the activation patch, the raw
-//                  quantized weight and its scale/offset; weights are dequantized straight
-//                  into mma B fragments. Optional split-K: each z-slice writes fp32 partials
-//                  ([splits, M, Co] for an NHWC output, [splits, Co, M] for NCHW),
-//                  conv_splitk_reduce_* adds them, the bias and the activation. Needs
-//                  Ci % 32 == 0 and block_size % 32 == 0 (one quantization group per 32-wide
-//                  K tile). The output may be NHWC or NCHW (the latter for NCHW callers, whose
-//                  input conv_nchw_to_nhwc_b16 transposes first).
-//   Each NVRTC build takes one (dtype, bits) slice of the file (CUOPS_CONV_T / CUOPS_CONV_BITS).
-#include "common.cuh"
+// Implicit GEMM convolution (the conv strategy "igemm") for NHWC fp16/bf16 on sm_80+:
+// D[M = B*Oh*Ow, N = Co] = im2col(x)[M, K] @ W^T. 64x64x32 tiles, 4 warps of mma.sync m16n8k16 side
+// by side along N, a 4-stage cp.async ring for the activation patch, the raw quantized weight and
+// its scale/offset; weights are dequantized straight into mma B fragments. Optional split-K: each
+// z-slice writes fp32 partials ([splits, M, Co] for an NHWC output, [splits, Co, M] for NCHW),
+// conv_splitk_reduce_* adds them, the bias and the activation. Needs Ci % 32 == 0 and
+// block_size % 32 == 0 (one quantization group per 32-wide K tile). The output may be NHWC or NCHW
+// (the latter for NCHW callers, whose input conv_nchw_to_nhwc_b16 transposes first).
+// Weight layout and argument order: conv_common.cuh.
+// Each NVRTC build takes one (dtype, bits) slice of the file (CUOPS_CONV_T / CUOPS_CONV_BITS).
+#include "conv_common.cuh"
 
 namespace cuops {
 namespace conv {
-
-struct ConvDims {
-  int batch, H, W, Ci, Oh, Ow, Co, Kh, Kw, sh, sw, ph, pw, dh, dw, block_size, act;
-};
-
-// q of weight element k of one output channel's row (bytes of that row in `row`).
-template <int BITS>
-__device__ __forceinline__ int load_q(const uint8_t* __restrict__ row, int k) {
-  if (BITS == 8) return static_cast<int>(reinterpret_cast<const int8_t*>(row)[k]);
-  // Interleaved int4: element j of a word sits in nibble (j >> 1) | ((j & 1) << 2)
-  // (the inverse of [0,2,4,6,1,3,5,7]); nibble n is in byte n / 2, high half when n is odd.
-  const int j = k & 7;
-  const int nib = (j >> 1) | ((j & 1) << 2);
-  const uint8_t byte = row[((k >> 3) << 2) + (nib >> 1)];
-  const int u = (nib & 1) ? (byte >> 4) : (byte & 15);
-  return u - 8;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Direct convolution: one thread per output element.
-// ---------------------------------------------------------------------------------------------
-template <typename T, int BITS, bool NCHW>
-__device__ __forceinline__ void conv_direct(const T* __restrict__ x, const uint8_t* __restrict__ qweight,
-                                            const float* __restrict__ scale, const float* __restrict__ offset,
-                                            const T* __restrict__ bias, T* __restrict__ out, const ConvDims d) {
-  const int K = d.Kh * d.Kw * d.Ci;
-  const int G = K / d.block_size;
-  const size_t row_bytes = static_cast<size_t>(K) * BITS / 8;
-  const long long total = static_cast<long long>(d.batch) * d.Co * d.Oh * d.Ow;
-  for (long long idx = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; idx < total;
-       idx += static_cast<long long>(gridDim.x) * blockDim.x) {
-    // idx enumerates the output in its own memory order, so out[idx] is the store address.
-    long long t = idx;
-    int ox, oy, co, b;
-    if (NCHW) {
-      ox = static_cast<int>(t % d.Ow); t /= d.Ow;
-      oy = static_cast<int>(t % d.Oh); t /= d.Oh;
-      co = static_cast<int>(t % d.Co); b = static_cast<int>(t / d.Co);
-    } else {
-      co = static_cast<int>(t % d.Co); t /= d.Co;
-      ox = static_cast<int>(t % d.Ow); t /= d.Ow;
-      oy = static_cast<int>(t % d.Oh); b = static_cast<int>(t / d.Oh);
-    }
-    const uint8_t* qrow = qweight + co * row_bytes;
-    const float* srow = scale + static_cast<size_t>(co) * G;
-    const float* orow = offset + static_cast<size_t>(co) * G;
-    float acc = 0.0f;
-    for (int kh = 0; kh < d.Kh; ++kh) {
-      const int iy = oy * d.sh - d.ph + kh * d.dh;
-      if (iy < 0 || iy >= d.H) continue;
-      for (int kw = 0; kw < d.Kw; ++kw) {
-        const int ix = ox * d.sw - d.pw + kw * d.dw;
-        if (ix < 0 || ix >= d.W) continue;
-        const int kbase = (kh * d.Kw + kw) * d.Ci;
-        for (int ci0 = 0; ci0 < d.Ci; ci0 += d.block_size) {
-          const int g = (kbase + ci0) / d.block_size;
-          const float s = srow[g], o = orow[g];
-          for (int ci = ci0; ci < ci0 + d.block_size; ++ci) {
-            const size_t xi = NCHW ? ((static_cast<size_t>(b) * d.Ci + ci) * d.H + iy) * d.W + ix
-                                   : ((static_cast<size_t>(b) * d.H + iy) * d.W + ix) * d.Ci + ci;
-            const float w = fmaf(static_cast<float>(load_q<BITS>(qrow, kbase + ci)), s, o);
-            acc = fmaf(to_float<T>(x[xi]), w, acc);
-          }
-        }
-      }
-    }
-    if (bias != nullptr) acc += to_float<T>(bias[co]);
-    out[idx] = from_float<T>(apply_activation(acc, d.act));
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Implicit GEMM (sm_80+): PTX helpers.
@@ -519,26 +438,6 @@ __device__ __forceinline__ void transpose_nchw_to_nhwc(const uint16_t* __restric
 }  // namespace conv
 }  // namespace cuops
 
-// ---------------------------------------------------------------------------------------------
-// extern "C" entry points. Argument order (all strategies):
-//   pointers x, qweight, scale, offset, bias (nullable), out
-//   ints batch, H, W, Ci, Oh, Ow, Co, Kh, Kw, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-//        block_size, act
-// conv_igemm_* add `workspace` after `out` and `kt_per_split` at the end.
-// ---------------------------------------------------------------------------------------------
-#define CUOPS_CONV_INT_ARGS                                                                       \
-  int batch, int H, int W, int Ci, int Oh, int Ow, int Co, int Kh, int Kw, int sh, int sw, int ph, \
-      int pw, int dh, int dw, int block_size, int act
-#define CUOPS_CONV_DIMS \
-  cuops::conv::ConvDims { batch, H, W, Ci, Oh, Ow, Co, Kh, Kw, sh, sw, ph, pw, dh, dw, block_size, act }
-
-#define CUOPS_DEFINE_CONV_DIRECT(NAME, T, BITS, NCHW)                                                       \
-  extern "C" __global__ void __launch_bounds__(256)                                                         \
-      NAME(const T* x, const uint8_t* qweight, const float* scale, const float* offset, const T* bias, T* out, \
-           CUOPS_CONV_INT_ARGS) {                                                                           \
-    cuops::conv::conv_direct<T, BITS, NCHW>(x, qweight, scale, offset, bias, out, CUOPS_CONV_DIMS);         \
-  }
-
 #define CUOPS_DEFINE_CONV_IGEMM(NAME, T, BITS, OUT_NCHW)                                                    \
   extern "C" __global__ void __launch_bounds__(cuops::conv::THREADS)                                        \
       NAME(const T* x, const uint8_t* qweight, const float* scale, const float* offset, const T* bias, T* out, \
@@ -553,55 +452,27 @@ __device__ __forceinline__ void transpose_nchw_to_nhwc(const uint16_t* __restric
     cuops::conv::conv_splitk_reduce<T, OUT_NCHW>(workspace, bias, out, M, Co, OhOw, splits, act);     \
   }
 
-// One module per (element type, weight bits) keeps each NVRTC build small: the host passes
-// CUOPS_CONV_T (1 = fp32, 2 = fp16, 3 = bf16) and CUOPS_CONV_BITS (4 or 8); without them
-// (plain nvcc, the compile tests) every combination is built.
-#ifndef CUOPS_CONV_T
-#define CUOPS_CONV_T 0  // 0: all element types
-#endif
-#ifndef CUOPS_CONV_BITS
-#define CUOPS_CONV_BITS 0  // 0: both weight widths
-#endif
-#define CUOPS_CONV_WANT(T_CODE, BITS) \
-  ((CUOPS_CONV_T == 0 || CUOPS_CONV_T == (T_CODE)) && (CUOPS_CONV_BITS == 0 || CUOPS_CONV_BITS == (BITS)))
-
-#if CUOPS_CONV_WANT(1, 4)
-CUOPS_DEFINE_CONV_DIRECT(conv_direct_f32_w4_nchw, float, 4, true)
-CUOPS_DEFINE_CONV_DIRECT(conv_direct_f32_w4_nhwc, float, 4, false)
-#endif
-#if CUOPS_CONV_WANT(1, 8)
-CUOPS_DEFINE_CONV_DIRECT(conv_direct_f32_w8_nchw, float, 8, true)
-CUOPS_DEFINE_CONV_DIRECT(conv_direct_f32_w8_nhwc, float, 8, false)
-#endif
 #if CUOPS_CONV_WANT(2, 4)
-CUOPS_DEFINE_CONV_DIRECT(conv_direct_f16_w4_nchw, __half, 4, true)
-CUOPS_DEFINE_CONV_DIRECT(conv_direct_f16_w4_nhwc, __half, 4, false)
 CUOPS_DEFINE_CONV_IGEMM(conv_igemm_f16_w4_nhwc, __half, 4, false)
 CUOPS_DEFINE_CONV_IGEMM(conv_igemm_f16_w4_nchw, __half, 4, true)
 #endif
 #if CUOPS_CONV_WANT(2, 8)
-CUOPS_DEFINE_CONV_DIRECT(conv_direct_f16_w8_nchw, __half, 8, true)
-CUOPS_DEFINE_CONV_DIRECT(conv_direct_f16_w8_nhwc, __half, 8, false)
 CUOPS_DEFINE_CONV_IGEMM(conv_igemm_f16_w8_nhwc, __half, 8, false)
 CUOPS_DEFINE_CONV_IGEMM(conv_igemm_f16_w8_nchw, __half, 8, true)
 #endif
 #if CUOPS_CONV_WANT(3, 4)
-CUOPS_DEFINE_CONV_DIRECT(conv_direct_bf16_w4_nchw, __nv_bfloat16, 4, true)
-CUOPS_DEFINE_CONV_DIRECT(conv_direct_bf16_w4_nhwc, __nv_bfloat16, 4, false)
 CUOPS_DEFINE_CONV_IGEMM(conv_igemm_bf16_w4_nhwc, __nv_bfloat16, 4, false)
 CUOPS_DEFINE_CONV_IGEMM(conv_igemm_bf16_w4_nchw, __nv_bfloat16, 4, true)
 #endif
 #if CUOPS_CONV_WANT(3, 8)
-CUOPS_DEFINE_CONV_DIRECT(conv_direct_bf16_w8_nchw, __nv_bfloat16, 8, true)
-CUOPS_DEFINE_CONV_DIRECT(conv_direct_bf16_w8_nhwc, __nv_bfloat16, 8, false)
 CUOPS_DEFINE_CONV_IGEMM(conv_igemm_bf16_w8_nhwc, __nv_bfloat16, 8, false)
 CUOPS_DEFINE_CONV_IGEMM(conv_igemm_bf16_w8_nchw, __nv_bfloat16, 8, true)
 #endif
 #if CUOPS_CONV_T != 1
 // Grid (ceil(P / 32), ceil(C / 32), B), block (32, 8).
 extern "C" __global__ void __launch_bounds__(256)
-    conv_nchw_to_nhwc_b16(const uint16_t* in, uint16_t* out, int C, int P) {
-  cuops::conv::transpose_nchw_to_nhwc(in, out, C, P);
+    conv_nchw_to_nhwc_b16(const uint16_t* x, uint16_t* x_nhwc, int C, int P) {
+  cuops::conv::transpose_nchw_to_nhwc(x, x_nhwc, C, P);
 }
 #endif
 #if CUOPS_CONV_WANT(2, 4) || CUOPS_CONV_WANT(2, 8)

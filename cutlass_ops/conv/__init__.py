@@ -1,0 +1,145 @@
+"""FP x INT4 / FP x INT8 conv2d with a block-quantized weight.
+
+``conv2d_weight_only(x, qw, ...)`` computes ``act(conv2d(x, dequantize(qw)) + bias)`` with the
+weight dequantized on the fly (w = q * scale + offset, blocks along Ci). Two strategies, one plan
+class each (built once per geometry, dtype, weight bits, layout and device, kept in a bounded
+cache; a call looks its plan up and launches it):
+
+- ``"direct"`` (:mod:`.direct`): one thread per output element, fp32 accumulation. Any dtype,
+  NCHW or NHWC, any Ci and block size, any GPU. The correctness baseline.
+- ``"igemm"`` (:mod:`.igemm`): implicit GEMM on tensor cores (mma.sync, sm_80+) for fp16/bf16
+  with Ci % 32 == 0 and block_size % 32 == 0; an NCHW input is transposed to NHWC first, small
+  problems are split along K.
+
+``"auto"`` picks igemm where it applies, else direct.
+
+``cutlass_ops.conv2d`` validates the operands (types, dtypes, ranks, devices) and calls
+:func:`conv2d_weight_only`, which keeps only the rules of its own arguments (``out``,
+``strategy``, ``split_k``), of the chosen kernel, and the cheap checks that keep the kernels
+inside their buffers.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from cutlass_ops._validate import (
+    FLOAT_DTYPES, check_choice, check_cuda, check_dtype, check_same_device, check_shape, parse_activation, parse_pair,
+)
+from custom_kernels.device import current_device, on_device, sm_count, target_arch
+
+from .direct import DirectPlan
+from .geometry import DTYPE_CODES, ConvGeometry, conv2d_output_shape
+from .igemm import IgemmPlan, igemm_unsupported
+
+__all__ = ["conv2d_weight_only", "conv2d_output_shape", "plan_for", "ConvGeometry", "STRATEGIES"]
+
+STRATEGIES = ("auto", "direct", "igemm")
+_INT32_MAX = 2 ** 31 - 1
+PLANS_KEPT = 1024  # distinct (geometry, dtype, bits, layout, strategy, split_k, device) plans
+
+
+@functools.lru_cache(maxsize=PLANS_KEPT)
+def plan_for(strategy: str, dtype: torch.dtype, bits: int, channels_last: bool, dims: tuple[int, ...],
+             split_k: int | None, device: int) -> DirectPlan | IgemmPlan:
+    """The plan of one conv problem; ``dims`` are the :class:`ConvGeometry` fields in order."""
+    if dtype not in DTYPE_CODES:
+        check_dtype(torch.empty(0, dtype=dtype), "x", FLOAT_DTYPES)  # the API's error message
+    geometry = ConvGeometry(*dims)
+    arch = target_arch(device)
+    if strategy == "direct":
+        return DirectPlan(geometry, dtype, bits, channels_last, device, arch)
+    return IgemmPlan(geometry, dtype, bits, channels_last, device, arch, sm_count(device), split_k)
+
+
+def _pair(value, name: str, minimum: int) -> tuple[int, int]:
+    return value if value.__class__ is tuple and len(value) == 2 else parse_pair(value, name, minimum)
+
+
+def _check_weight(qw, x: torch.Tensor) -> tuple[int, int, int, int]:
+    """(Co, Kh, Kw, Ci): the weight's rules that keep the kernels inside its buffers."""
+    if qw.conv_shape is None:
+        raise ValueError("qw must be a conv weight (formats.quantize_conv_weight); its conv_shape is None")
+    Co, Kh, Kw, Ci = qw.conv_shape
+    if x.shape[1] != Ci:
+        raise ValueError(f"x has {x.shape[1]} channels (dim 1) but qw expects Ci={Ci}")
+    if Ci % qw.block_size != 0:
+        raise ValueError(f"qw.block_size={qw.block_size} must divide Ci={Ci} (blocks run along Ci)")
+    if not (qw.qweight.is_contiguous() and qw.scale.is_contiguous() and qw.offset.is_contiguous()):
+        for name in ("qweight", "scale", "offset"):
+            if not getattr(qw, name).is_contiguous():
+                raise ValueError(f"qw.{name} must be contiguous")
+    return Co, Kh, Kw, Ci
+
+
+def conv2d_weight_only(x: torch.Tensor, qw, bias: torch.Tensor | None = None, stride=1, padding=0, dilation=1,
+                       act=0, *, out: torch.Tensor | None = None, strategy: str = "auto",
+                       split_k: int | None = None) -> torch.Tensor:
+    """act(conv2d(x, dequantize(qw), bias, stride, padding, dilation)) on the GPU.
+
+    x: CUDA [B, Ci, H, W] fp32/fp16/bf16, NCHW-contiguous or channels_last (any other layout is
+    made NCHW-contiguous first). qw: a conv QuantizedWeight (int4 or int8, blocks along Ci) on x's
+    device. bias: None or [Co] (used in x's dtype). stride/padding/dilation: int or (h, w). act:
+    0/None none, 1/"relu", 2/"relu6". The output [B, Co, Oh, Ow] has x's dtype and memory format;
+    ``out`` may supply it (same shape, dtype and memory format). ``strategy``: "auto", "direct" or
+    "igemm"; ``split_k`` forces the igemm K split (None: chosen from the GPU's SM count).
+    """
+    if not x.is_cuda:  # a host pointer would reach the kernel
+        check_cuda(x, "x")
+    if strategy not in STRATEGIES:
+        check_choice(strategy, "strategy", STRATEGIES)
+    if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1):
+        raise ValueError(f"split_k must be None or an int >= 1, got {split_k!r}")
+    Co, Kh, Kw, Ci = _check_weight(qw, x)
+    stride = _pair(stride, "stride", 1)
+    padding = _pair(padding, "padding", 0)
+    dilation = _pair(dilation, "dilation", 1)
+    if act.__class__ is not int:
+        act = parse_activation(act, "act")
+
+    channels_last = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+    if not channels_last and not x.is_contiguous():
+        x = x.contiguous()
+    batch, _, H, W = x.shape
+    Oh, Ow = conv2d_output_shape(H, W, Kh, Kw, stride, padding, dilation)
+    if Oh < 1 or Ow < 1:
+        raise ValueError(f"the output would be empty: input {H}x{W}, kernel {Kh}x{Kw}, stride {stride}, "
+                         f"padding {padding}, dilation {dilation} give {Oh}x{Ow}")
+    if x.numel() > _INT32_MAX or batch * Co * Oh * Ow > _INT32_MAX:
+        raise ValueError(f"x {tuple(x.shape)} or the output [{batch}, {Co}, {Oh}, {Ow}] has more than 2^31-1 "
+                         f"elements; split the batch")
+    if bias is not None:
+        if bias.shape != (Co,):
+            check_shape(bias, "bias", (Co,), "[Co]")
+        if bias.dtype != x.dtype or not bias.is_contiguous():
+            bias = bias.to(x.dtype).contiguous()
+
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    if out is None:
+        out = torch.empty((batch, Co, Oh, Ow), dtype=x.dtype, device=x.device, memory_format=memory_format)
+    else:
+        check_dtype(out, "out", (x.dtype,))
+        check_shape(out, "out", (batch, Co, Oh, Ow), "[B, Co, Oh, Ow]")
+        check_same_device({"out": out}, x.device, "x")
+        if not out.is_contiguous(memory_format=memory_format):
+            raise ValueError(f"out must be {'channels_last' if channels_last else 'NCHW'}-contiguous like x")
+
+    device = x.device.index
+    current = current_device()
+    if device is None:
+        device = current
+    if strategy != "direct":
+        reason = igemm_unsupported(x, channels_last, qw, Ci, device)
+        if reason is not None and strategy == "igemm":
+            raise ValueError(f"strategy='igemm' cannot run this conv: {reason}")
+        strategy = "direct" if reason is not None else "igemm"
+
+    dims = (batch, H, W, Ci, Oh, Ow, Co, Kh, Kw, *stride, *padding, *dilation, qw.block_size, act)
+    plan = plan_for(strategy, x.dtype, qw.bits, channels_last, dims, split_k, device)
+    if device == current:
+        plan(x, qw, bias, out)
+    else:
+        with on_device(device):
+            plan(x, qw, bias, out)
+    return out

@@ -1,0 +1,296 @@
+"""Scheme 2 (W8A8 per K block) as ONE fused NVRTC kernel (variants: :mod:`.tiles`).
+
+    D[m, n] = act( sum_i [ sA*sB*Cq_i + sA*oB*sumA_i + oA*sB*sumB_i + bs*oA*oB ] + bias[n] )
+
+A = QuantA(x) per row and K block (asymmetric, offset form), B = the int8 weight per column and
+K block (offset form), Cq_i = int32 dot product of block i. The kernel runs int8 tensor-core tiles
+and promotes each block's int32 sum into fp32 accumulators; nothing but D is written.
+
+Per weight (through ``cutlass_ops.plan_cache``): :func:`prepare_weight_w8a8` builds the GPU copy of
+B_q and bvec[g, n] = (sB, oB, q = sB*sumB + bs*oB, 0) as float32 [G, N, 4]; a :class:`FusedPlan`
+per (tile variant, device) holds them, the compiled kernel and one launch per grid.
+"""
+from __future__ import annotations
+
+import torch
+
+from cutlass_ops import plan_cache
+from cutlass_ops._validate import check_dtype, check_ndim, check_shape, parse_activation
+from custom_kernels.device import capability, on_device, target_arch
+from custom_kernels.launch import I32, KernelArgs, Ptr, TensorMap, load_kernel
+
+from .launches import GridLaunches, device_index, grid_launches
+from .quant_a import quantize_activation_gpu, quantize_activation_planes_gpu
+from .tiles import BLOCK_SIZES, ROW_PLANES_KERNEL, TILE_CONFIGS, TileConfig, choose_config
+from .tma import tensor_map_2d
+
+__all__ = [
+    "FusedArgs", "FusedTmaArgs", "RowPlanesArgs", "FusedPlan", "prepare_weight_w8a8", "quantize_activation_torch",
+    "linear_w8a8_fused", "fused_linear", "OUT_KIND",
+]
+
+OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+_DEFAULT_SMEM = 48 * 1024  # dynamic shared memory a launch gets without opting in
+_MAX_SMEM = 227 * 1024  # the most one block may opt in to (sm_80 163 KiB: a launch there fails loudly)
+
+
+class FusedArgs(KernelArgs):
+    _fields_ = [("A", Ptr), ("sA", Ptr), ("oA", Ptr), ("sumA", Ptr), ("B", Ptr), ("bvec", Ptr), ("bias", Ptr),
+                ("D", Ptr), ("M", I32), ("N", I32), ("K", I32), ("G", I32), ("act", I32), ("out_kind", I32)]
+
+
+class FusedTmaArgs(KernelArgs):
+    """The TMA variants (``W8A8W_TMA``): the tensor maps of A and B appended."""
+
+    _fields_ = FusedArgs._fields_ + [("map_a", TensorMap), ("map_b", TensorMap)]
+
+
+class RowPlanesArgs(KernelArgs):
+    _fields_ = [("sA", Ptr), ("oA", Ptr), ("sumA", Ptr), ("planes", Ptr), ("M", I32), ("G", I32), ("Mp", I32)]
+
+
+def quantize_activation_torch(x2d: torch.Tensor, block_size: int):
+    """QuantA with torch ops on x's device: (A_q int8 [M,K], scale f32 [M,G], offset f32 [M,G], sum_q int32 [M,G]).
+
+    The same IEEE-rounded float32 operations, in the same order, as
+    ``formats.quantize_activation_reference`` (so the results are bit-identical to it):
+    scale = (max - min) / 255, offset = max - scale * 127, zero-range blocks get scale 1 and
+    offset max, q = clamp(round_half_even((x - offset) / scale), -128, 127).
+    """
+    M, K = x2d.shape
+    G = K // block_size
+    xb = x2d.to(torch.float32).reshape(M, G, block_size)
+    x_max, x_min = xb.amax(dim=-1), xb.amin(dim=-1)
+    scale = (x_max - x_min) / torch.full_like(x_max, 255.0)
+    offset = x_max - scale * 127.0
+    zero_range = scale == 0
+    scale = torch.where(zero_range, torch.ones_like(scale), scale)
+    offset = torch.where(zero_range, x_max, offset)
+    q = torch.round((xb - offset[..., None]) / scale[..., None]).clamp_(-128, 127).to(torch.int8)
+    sum_q = q.sum(dim=-1, dtype=torch.int32)
+    return q.reshape(M, K), scale, offset, sum_q
+
+
+def _check_block_size(block_size: int, K: int) -> None:
+    if block_size not in BLOCK_SIZES:
+        raise ValueError(f"the fused W8A8 kernel needs block_size in {BLOCK_SIZES}, got block_size={block_size}")
+    if K % block_size != 0 or K % 16 != 0:
+        raise ValueError(f"K={K} must be a multiple of block_size={block_size} and of 16")
+
+
+def _prepare(qw, device: torch.device) -> dict:
+    N, K, bs = qw.N, qw.K, qw.block_size
+    G = K // bs
+    B_q = qw.qweight.to(device).contiguous()
+    sumB = B_q.reshape(N, G, bs).sum(dim=-1, dtype=torch.int32)
+    sB = qw.scale.to(device, torch.float32)
+    oB = qw.offset.to(device, torch.float32)
+    # q in float64, rounded once to float32 (the kernel multiplies it by oA)
+    q = (sB.double() * sumB.double() + bs * oB.double()).float()
+    bvec = torch.stack((sB, oB, q, torch.zeros_like(q)), dim=-1).transpose(0, 1).contiguous()  # [G, N, 4]
+    return {"B_q": B_q, "bvec": bvec, "sumB": sumB, "N": N, "K": K, "G": G, "block_size": bs, "device": device}
+
+
+def prepare_weight_w8a8(qw, device=None) -> dict:
+    """Per-weight data of the fused kernel, built once per (weight, device) and kept in
+    ``cutlass_ops.plan_cache`` (rebuilt when the weight's tensors are replaced or modified in place).
+
+    qw: a bits=8 ``QuantizedWeight`` (qweight int8 [N, K], scale/offset float32 [N, G]).
+    Returns {"B_q": int8 [N, K], "bvec": float32 [G, N, 4] = (sB, oB, sB*sumB + bs*oB, 0),
+    "sumB": int32 [N, G], "N", "K", "G", "block_size", "device"} with tensors on ``device``
+    (default: the weight's CUDA device, else the current CUDA device).
+    """
+    if getattr(qw, "bits", None) != 8:
+        raise ValueError(f"qw must be an int8 weight (bits=8), got bits={getattr(qw, 'bits', None)!r}")
+    N, K, bs = qw.N, qw.K, qw.block_size
+    _check_block_size(bs, K)
+    check_dtype(qw.qweight, "qw.qweight", (torch.int8,))
+    check_shape(qw.qweight, "qw.qweight", (N, K), "[N, K]")
+    if device is None:
+        device = qw.qweight.device if qw.qweight.is_cuda else torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    return plan_cache.plan(qw, ("w8a8.fused.weight", str(device)), lambda: _prepare(qw, device))
+
+
+def _column_planes(prep: dict) -> torch.Tensor:
+    """bvec's (sB, oB, q) as planes [G, 3, N rounded up to 4] (zero padding: 16-byte copies of each
+    plane) for the planar variants; made on their first use and kept in the prepared weight."""
+    planes = prep.get("bplanes")
+    if planes is None:
+        G, N, bvec = prep["G"], prep["N"], prep["bvec"]
+        planes = torch.zeros(G, 3, -(-N // 4) * 4, dtype=torch.float32, device=bvec.device)
+        planes[:, :, :N] = bvec[..., :3].permute(0, 2, 1)
+        prep["bplanes"] = planes
+    return planes
+
+
+class FusedPlan:
+    """The fused kernel of one tile variant for one weight on one device: the prepared weight, the
+    compiled kernel with its weight fields (B, bvec, N, K, G, B's tensor map) written once, and a
+    launch per grid. ``plan(A_q, sA, oA, sumA, bias, D, act)``; the planar variants take the row
+    planes [G, 3, Mp] as sA = oA = sumA."""
+
+    def __init__(self, qw, cfg: TileConfig, device: int):
+        arch = target_arch(device)
+        if cfg.wgmma and arch != "90a":
+            raise ValueError(f"config {cfg.name!r} is the wgmma kernel, which needs compute capability 9.0; "
+                             f"device {device} is sm_{arch}")
+        bs = qw.block_size
+        smem = cfg.smem_bytes(bs)
+        if smem > _MAX_SMEM:
+            raise ValueError(f"config {cfg.name!r} needs {smem} bytes of shared memory at block_size={bs}; "
+                             f"the limit is {_MAX_SMEM}: use a variant with fewer stages")
+        self.cfg, self.device = cfg, device
+        self.prep = prep = prepare_weight_w8a8(qw, torch.device("cuda", device))
+        self.N, self.K, self.G = prep["N"], prep["K"], prep["G"]
+        self.defines = tuple(sorted(cfg.defines(bs).items()))
+        with on_device(device):
+            kernel = load_kernel(cfg.kernel_file, cfg.kernel_name, cfg.defines(bs), arch=arch, device=device)
+            if smem > _DEFAULT_SMEM:
+                kernel.set_max_dynamic_smem(smem)
+            bvec = _column_planes(prep) if cfg.planes else prep["bvec"]
+            fixed = dict(B=prep["B_q"].data_ptr(), bvec=bvec.data_ptr(), N=self.N, K=self.K, G=self.G)
+            if cfg.tma:
+                fixed["map_b"] = tensor_map_2d(prep["B_q"].data_ptr(), self.N, self.K, cfg.BN, cfg.BK, device)
+        self.bvec = bvec  # kept alive with the plan
+        self.gemm = GridLaunches(kernel, FusedTmaArgs if cfg.tma else FusedArgs, cfg.threads, device, smem,
+                                 fixed=fixed)
+
+    def row_planes(self, sA: torch.Tensor, oA: torch.Tensor, sumA: torch.Tensor, M: int) -> torch.Tensor:
+        """sA, oA, sumA [M, G] -> planes [G, 3, M rounded up to 4] (w8a8_row_planes, one launch)."""
+        G, Mp = self.G, -(-M // 4) * 4
+        planes = torch.empty(G, 3, Mp, dtype=torch.float32, device=sA.device)
+        launches = grid_launches(self.cfg.kernel_file, ROW_PLANES_KERNEL, RowPlanesArgs, 256, self.device,
+                                 self.defines, target_arch(self.device))
+        launches(-(-G * M // 256), sA=sA.data_ptr(), oA=oA.data_ptr(), sumA=sumA.data_ptr(),
+                 planes=planes.data_ptr(), M=M, G=G, Mp=Mp)
+        return planes
+
+    def __call__(self, A_q: torch.Tensor, sA: torch.Tensor, oA: torch.Tensor, sumA: torch.Tensor,
+                 bias: torch.Tensor | None, D: torch.Tensor, act: int) -> None:
+        cfg, M = self.cfg, A_q.shape[0]
+        fields = dict(A=A_q.data_ptr(), sA=sA.data_ptr(), oA=oA.data_ptr(), sumA=sumA.data_ptr(),
+                      bias=0 if bias is None else bias.data_ptr(), D=D.data_ptr(), M=M, act=act,
+                      out_kind=OUT_KIND[D.dtype])
+        if cfg.tma:
+            fields["map_a"] = tensor_map_2d(fields["A"], M, self.K, cfg.BM, cfg.BK, self.device)
+        self.gemm(-(-M // cfg.BM) * -(-self.N // cfg.BN), **fields)
+
+
+def _plan(qw, config: str, device: int) -> FusedPlan:
+    return plan_cache.plan(qw, ("w8a8.fused", config, device), lambda: FusedPlan(qw, TILE_CONFIGS[config], device))
+
+
+def _run(x2d: torch.Tensor | None, quantized_A, qw, bias: torch.Tensor | None, act: int, out: torch.Tensor,
+         config: str | None, M: int, device: int) -> None:
+    """QuantA (unless given), the row planes (planar variants) and the fused launch."""
+    config = config or choose_config(M, qw.N, capability(device))
+    plan = _plan(qw, config, device)
+    bs = qw.block_size
+    rows = None  # planar variants: the row parameters as planes [G, 3, M rounded up to 4]
+    if quantized_A is None:
+        if plan.cfg.planes:  # QuantA writes the planes itself: no transpose launch
+            A_q, rows = quantize_activation_planes_gpu(x2d, bs)
+        else:  # fresh contiguous tensors of the right types and shapes: nothing to check again
+            A_q, sA, oA, sumA = quantize_activation_gpu(x2d, bs)
+    else:
+        A_q, sA, oA, sumA = quantized_A
+    if bias is not None:
+        bias = bias.to(torch.float32).contiguous()
+    with on_device(device):
+        if rows is None and plan.cfg.planes:
+            # row parameters as planes [G, 3, M rounded up to 4], copied per K block into shared memory
+            # next to the column planes; one small kernel (w8a8_row_planes) transposes them
+            rows = plan.row_planes(sA, oA, sumA, M)
+        if rows is not None:
+            sA = oA = sumA = rows
+        plan(A_q, sA, oA, sumA, bias, out, act)
+
+
+def fused_linear(x2d: torch.Tensor, qw, bias: torch.Tensor | None, act: int) -> torch.Tensor:
+    """The family's "fused" path behind ``cutlass_ops.linear_w8a8`` (which has checked the operands):
+    x2d CUDA contiguous [M >= 1, K], qw an int8 weight on its device, bias None or [N], act a code."""
+    M, K = x2d.shape
+    if qw.block_size not in BLOCK_SIZES or K % 16:
+        _check_block_size(qw.block_size, K)
+    out = torch.empty(M, qw.N, dtype=x2d.dtype, device=x2d.device)
+    _run(x2d, None, qw, bias, act, out, None, M, device_index(x2d))
+    return out
+
+
+def _check_quantized_A(quantized_A, M: int, K: int, G: int, device: torch.device):
+    if not isinstance(quantized_A, (tuple, list)) or len(quantized_A) != 4:
+        raise TypeError("quantized_A must be a tuple (A_q, scale, offset, sum_q) as quantize_activation returns")
+    A_q, sA, oA, sumA = quantized_A
+    for t, name, dtype, shape, layout in ((A_q, "A_q", torch.int8, (M, K), "[M, K]"),
+                                          (sA, "scale", torch.float32, (M, G), "[M, G]"),
+                                          (oA, "offset", torch.float32, (M, G), "[M, G]"),
+                                          (sumA, "sum_q", torch.int32, (M, G), "[M, G]")):
+        check_dtype(t, f"quantized_A {name}", (dtype,))
+        check_shape(t, f"quantized_A {name}", shape, layout)
+        if t.device != device:
+            raise ValueError(f"quantized_A {name} is on {t.device}, expected {device}")
+    A_q = A_q.contiguous()
+    if A_q.data_ptr() % 16:  # 16-byte cp.async copies
+        A_q = A_q.clone()
+    return A_q, sA.contiguous(), oA.contiguous(), sumA.contiguous()
+
+
+def linear_w8a8_fused(x2d: torch.Tensor | None, qw, bias: torch.Tensor | None = None, act=0, *,
+                      quantized_A=None, out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+                      config: str | None = None) -> torch.Tensor:
+    """D [M, N] = act(QuantA(x2d) (*) qw + bias), scheme 2, in one kernel launch; D in x2d.dtype.
+
+    The fused kernel with its knobs, every argument checked (``cutlass_ops.linear_w8a8`` goes
+    through :func:`fused_linear` instead). x2d: CUDA [M, K] float16/bfloat16/float32 (may be None
+    when ``quantized_A`` and ``out_dtype`` are given). quantized_A: optional precomputed (A_q,
+    scale, offset, sum_q) of x2d with block_size = qw.block_size. act: 0/1/2 or None/"relu"/"relu6".
+    out: optional contiguous [M, N] output to write. config: force a tile variant (a key of
+    TILE_CONFIGS).
+    """
+    if x2d is not None:
+        check_dtype(x2d, "x2d", tuple(OUT_KIND))
+        check_ndim(x2d, "x2d", 2, "[M, K]")
+        M, K = x2d.shape
+        device = x2d.device
+        out_dtype = x2d.dtype if out_dtype is None else out_dtype
+    elif quantized_A is None:
+        raise TypeError("linear_w8a8_fused needs x2d or quantized_A")
+    else:
+        M, K = quantized_A[0].shape
+        device = quantized_A[0].device
+    if out_dtype not in OUT_KIND:
+        raise TypeError(f"out_dtype must be float32, float16 or bfloat16, got {out_dtype}")
+    if K != qw.K:
+        raise ValueError(f"x2d has K={K} columns but qw has K={qw.K}")
+    bs = qw.block_size
+    _check_block_size(bs, K)
+    act = parse_activation(act, "act")
+    N, G = qw.N, K // bs
+    if bias is not None:
+        check_dtype(bias, "bias", tuple(OUT_KIND))
+        check_shape(bias, "bias", (N,), "[N]")
+    if config is not None and config not in TILE_CONFIGS:
+        raise ValueError(f"config must be one of {sorted(TILE_CONFIGS)}, got {config!r}")
+    if device.type != "cuda":
+        raise ValueError(f"x2d must be a CUDA tensor, got a tensor on {device}")
+
+    index = device_index(quantized_A[0] if x2d is None else x2d)
+    prepare_weight_w8a8(qw, device)  # its checks of the weight, before any allocation
+    if out is None:
+        out = torch.empty(M, N, dtype=out_dtype, device=device)
+    else:
+        check_dtype(out, "out", (out_dtype,))
+        check_shape(out, "out", (M, N), "[M, N]")
+        if out.device != device or not out.is_contiguous() or out.data_ptr() % 16:
+            raise ValueError("out must be a contiguous, 16-byte aligned tensor on x2d's device")
+    if M == 0:
+        return out
+    if bias is not None and bias.device != device:
+        raise ValueError(f"bias is on {bias.device}, expected {device}")
+    if quantized_A is not None:
+        quantized_A = _check_quantized_A(quantized_A, M, K, G, device)
+    else:
+        x2d = x2d.contiguous()
+    _run(x2d, quantized_A, qw, bias, act, out, config, M, index)
+    return out
