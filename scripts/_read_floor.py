@@ -13,21 +13,39 @@ UNROLLS = (4, 8, 16)
 BLOCKS_PER_SM = (1, 2, 4, 8)
 
 
+def _args_type():
+    from custom_kernels.launch import I64, KernelArgs, Ptr
+
+    class ReadArgs(KernelArgs):  # read_bandwidth(const uint4* src, long long words, uint32_t* sink)
+        _fields_ = [("src", Ptr), ("words", I64), ("sink", Ptr)]
+
+    return ReadArgs
+
+
 @functools.lru_cache(maxsize=None)
 def _kernel(unroll: int):
-    from custom_kernels.launcher import Module
+    from custom_kernels.device import target_arch
+    from custom_kernels.launch import Module
     from custom_kernels.nvrtc import compile_source
-    from cutlass_ops.ops._loader import target_arch
 
     cubin = compile_source(_SOURCE.read_text(), target_arch(), name="read_bandwidth.cu", defines={"UNROLL": unroll})
-    return Module(cubin.data, name=f"read_bandwidth_u{unroll}").kernel("read_bandwidth", "PqP")
+    return Module(cubin.data, name=f"read_bandwidth_u{unroll}").kernel("read_bandwidth")
+
+
+def _launch(unroll: int, blocks: int, src: int, words: int, sink: torch.Tensor):
+    """A Launch of the read kernel over ``blocks`` blocks of 256 threads (src and words per call)."""
+    from custom_kernels.launch import Launch, LaunchConfig
+
+    args = _args_type()(src=src, words=words, sink=sink.data_ptr())
+    return Launch(_kernel(unroll), LaunchConfig.of(blocks, 256), args)
 
 
 def empty_kernel_us(bench_us) -> float:
     """The timed cost of launching the read kernel on no data (timer and launch overhead)."""
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     sink = torch.zeros(256 * 8 * sm, dtype=torch.int32, device="cuda")
-    return bench_us(lambda: _kernel(8).launch((sm,), (256,), [sink, 0, sink]), rep_ms=30)
+    launch = _launch(8, sm, sink.data_ptr(), 0, sink)
+    return bench_us(lambda: launch(), rep_ms=30)
 
 
 def read_floor_us(nbytes: int, bench_us, copies: int = 3) -> tuple[float, int, int]:
@@ -37,14 +55,15 @@ def read_floor_us(nbytes: int, bench_us, copies: int = 3) -> tuple[float, int, i
     sink = torch.zeros(256 * max(BLOCKS_PER_SM) * sm, dtype=torch.int32, device="cuda")
     words = nbytes // 16
     buffers = [torch.empty(words * 16, dtype=torch.uint8, device="cuda") for _ in range(copies)]
+    pointers = [b.data_ptr() for b in buffers]
     best = (float("inf"), 0, 0)
     for unroll in UNROLLS:
-        kernel = _kernel(unroll)
         for per_sm in BLOCKS_PER_SM:
+            launch = _launch(unroll, per_sm * sm, pointers[0], words, sink)
             i = [0]
 
-            def run(kernel=kernel, per_sm=per_sm):
+            def run(launch=launch):
                 i[0] = (i[0] + 1) % copies
-                kernel.launch((per_sm * sm,), (256,), [buffers[i[0]], words, sink])
+                launch(src=pointers[i[0]])
             best = min(best, (bench_us(run, rep_ms=30), per_sm, unroll))
     return best

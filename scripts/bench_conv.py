@@ -1,28 +1,27 @@
 """Benchmark conv2d_weight_only (int4 / int8 weights, fp16 activations) against cuDNN fp16.
 
-The 8 layers of shared/notes/anchors.md (padding k // 2). For each: cuDNN fp16 in NCHW and
+The 8 anchor layers in ``LAYERS`` below (padding k // 2). For each: cuDNN fp16 in NCHW and
 channels_last (torch.nn.functional.conv2d, cudnn.benchmark on), ours with int4 and int8
 weights in both layouts (strategy "auto"), and a split-K sweep of ours (int4, NHWC) to show
 how far the automatic choice is from the best. Median kernel times (triton.testing.do_bench
-when available, else CUDA events), a markdown table on stdout and in --out.
+when available, else CUDA events), a markdown table on stdout and in
+scripts/results/<gpu>/bench_conv.md (or --out).
 
-    python scripts/bench_conv.py --out scripts/results/conv_bench.md
+    python scripts/bench_conv.py
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import statistics
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _timing import write_report
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from cutlass_ops.formats import quantize_conv_weight  # noqa: E402
-from cutlass_ops.ops.conv import conv2d_weight_only  # noqa: E402
+from cutlass_ops.formats import quantize_conv_weight
+from cutlass_ops.conv import conv2d_weight_only
 
 log = logging.getLogger("bench_conv")
 
@@ -132,7 +131,7 @@ def host_overhead_us(layer, block_size: int, calls: int = 200) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
+    p.add_argument("--out", type=Path, default=None, help="default: scripts/results/<gpu>/bench_conv.md")
     p.add_argument("--block-size", type=int, default=64, help="quantization block along Ci (default 64)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -165,11 +164,7 @@ def main(argv=None) -> int:
     geo **= 1.0 / len(ratios)
     lines += ["", f"Geometric mean w4 NHWC / cuDNN NHWC (GPU time): {geo:.2f}x (target <= 1.5x). "
               f"Host time per call (layer 1, async launches): {host_overhead_us(LAYERS[0], args.block_size):.1f} us."]
-    text = "\n".join(lines)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    write_report(lines, args.out, "bench_conv")
     return 0
 
 

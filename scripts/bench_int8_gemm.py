@@ -17,20 +17,16 @@ import time
 from pathlib import Path
 
 import torch
+from _timing import call_us, graph_us, host_us, table, write_report
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _timing import call_us, graph_us, host_us, table, write_report  # noqa: E402
-
-import cutlass_ops as ops  # noqa: E402
+import cutlass_ops as ops
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16, 8192, 8192), (128, 8192, 8192), (1024, 8192, 8192)]
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=Path, help="default: scripts/results/<gpu>/bench_int8_gemm.md")
     p.add_argument("--archs", nargs="+", type=int, default=[90, 80, 75])
     args = p.parse_args()
     cc = torch.cuda.get_device_capability()

@@ -10,20 +10,17 @@ import sys
 from pathlib import Path
 
 import torch
+from _timing import call_us, host_us, kernel_us, table, write_report
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _timing import call_us, host_us, kernel_us, table, write_report  # noqa: E402
-
-import cutlass_ops as ops  # noqa: E402
-from cutlass_ops.ops.quant import quantize_activation_gpu  # noqa: E402
-from cutlass_ops.ops.w8a8_fused import linear_w8a8_fused  # noqa: E402
+import cutlass_ops as ops
+from cutlass_ops.w8a8 import PATHS
+from cutlass_ops.w8a8.fused import linear_w8a8_fused
+from cutlass_ops.w8a8.quant_a import quantize_activation_gpu
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=Path, help="default: scripts/results/<gpu>/bench_w8a8.md")
     p.add_argument("--sizes", nargs="+", type=int, default=[16, 256, 4096])
     args = p.parse_args()
     N = K = 8192
@@ -48,7 +45,7 @@ def main() -> int:
         rows.append([M, "fused kernel alone (device us / host us)", kernel_us(kernel_only), host_us(kernel_only)])
         cases = [("fused kernel (A pre-quantized)", kernel_only)]
         cases += [(f"linear_w8a8 path={p}", (lambda p=p: ops.linear_w8a8(x, qw, path=p)))
-                  for p in ("fused", "orchestrator", "literal")]
+                  for p in PATHS]
         for name, fn in cases:
             try:
                 t = call_us(fn, iters=10 if "literal" in name and M >= 4096 else 30)

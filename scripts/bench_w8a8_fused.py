@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark of the fused scheme-2 W8A8 kernel (cutlass_ops/ops/w8a8_fused.py) vs torch._int_mm.
+"""Benchmark of the fused scheme-2 W8A8 kernel (cutlass_ops/w8a8/fused.py) vs torch._int_mm.
 
 For each M (default 16, 256, 4096) with N = K = 8192 and block_size 128: the kernel time of every
 tile variant (CUDA graph of repeated launches, median of triton.testing.do_bench), its TOPS
@@ -7,7 +7,7 @@ tile variant (CUDA graph of repeated launches, median of triton.testing.do_bench
 quantization, and torch._int_mm on the same int8 operands (per-channel reference point: int32
 out, no scaling; it needs M > 16, so M = 16 is timed at M = 32). Each variant's output is
 checked against a float64 evaluation of the 4-term formula on a sample of rows.
-Markdown table to stdout and to --out.
+Markdown table to stdout and to scripts/results/<gpu>/bench_w8a8_fused.md (or --out).
 """
 from __future__ import annotations
 
@@ -16,17 +16,13 @@ import sys
 from pathlib import Path
 
 import torch
+from _timing import graph_of, write_report
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _timing import graph_of  # noqa: E402
-
-from custom_kernels.launcher import device_capability  # noqa: E402
-from cutlass_ops.formats import QuantizedWeight  # noqa: E402
-from cutlass_ops.ops.w8a8_fused import (  # noqa: E402
-    TILE_CONFIGS, WGMMA_CC, _activation_quantizer, choose_config, linear_w8a8_fused, prepare_weight_w8a8,
-)
+from custom_kernels.device import capability as device_capability
+from cutlass_ops.formats import QuantizedWeight
+from cutlass_ops.w8a8.fused import linear_w8a8_fused, prepare_weight_w8a8
+from cutlass_ops.w8a8.quant_a import quantize_activation_gpu
+from cutlass_ops.w8a8.tiles import TILE_CONFIGS, WGMMA_CC, choose_config
 
 
 def bench_ms(fn, reps_per_call: int = 1) -> float:
@@ -74,7 +70,7 @@ def run(Ms, N, K, block_size, configs, reps) -> list[dict]:
                          torch.rand(N, G, generator=gen, device="cuda") * 0.02 + 1e-3,
                          torch.randn(N, G, generator=gen, device="cuda") * 0.05, 8, block_size, N, K, None, False)
     prep = prepare_weight_w8a8(qw)
-    quantize = _activation_quantizer()
+    quantize = quantize_activation_gpu
     rows_out = []
     for M in Ms:
         x = torch.randn(M, K, generator=gen, device="cuda").half()
@@ -127,7 +123,7 @@ def table(rows: list[dict], device_name: str) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=None, help="also write the markdown table here")
+    p.add_argument("--out", type=Path, default=None, help="default: scripts/results/<gpu>/bench_w8a8_fused.md")
     p.add_argument("--M", type=int, nargs="+", default=[16, 256, 4096])
     p.add_argument("--N", type=int, default=8192)
     p.add_argument("--K", type=int, default=8192)
@@ -139,11 +135,7 @@ def main() -> int:
         print("bench_w8a8_fused.py needs a CUDA GPU", file=sys.stderr)
         return 1
     rows = run(args.M, args.N, args.K, args.block_size, args.configs, args.reps)
-    text = table(rows, torch.cuda.get_device_name())
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+    write_report([table(rows, torch.cuda.get_device_name())], args.out, "bench_w8a8_fused")
     return 0
 
 

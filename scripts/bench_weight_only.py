@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark the weight-only linear kernels (W4A16, W8A16) against fp16 cuBLAS and torch's tinygemm.
 
-Prints markdown tables (and writes them to --out): kernel time per M for N = K = 8192 and
+Prints markdown tables (and writes them to scripts/results/<gpu>/bench_weight_only.md, or --out): kernel time per M for N = K = 8192 and
 N = 28672, K = 8192, the achieved fraction of device-to-device copy bandwidth (measured in the
 same run), per-strategy times at small M, and host time per call at M = 1.
 
@@ -17,14 +17,11 @@ import sys
 from pathlib import Path
 
 import torch
+from _read_floor import read_floor_us
+from _timing import host_us, write_report
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from cutlass_ops.formats import quantize_weight  # noqa: E402
-from cutlass_ops.ops import weight_only as wo  # noqa: E402
-from _read_floor import read_floor_us  # noqa: E402
-from _timing import host_us  # noqa: E402
+from cutlass_ops.formats import quantize_weight
+from cutlass_ops import weight_only as wo
 
 M_VALUES = (1, 16, 64, 256, 4096)
 SHAPES = ((8192, 8192), (28672, 8192))  # (N, K)
@@ -104,7 +101,7 @@ def weight_bytes(qw) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="write the markdown report here too")
+    parser.add_argument("--out", type=Path, help="default: scripts/results/<gpu>/bench_weight_only.md")
     parser.add_argument("--copies", type=int, default=3, help="weight copies rotated between calls")
     parser.add_argument("--quick", action="store_true", help="only N = K = 8192")
     args = parser.parse_args()
@@ -202,11 +199,7 @@ def main() -> int:
         print(lines[-1], flush=True)
     lines.append("")
 
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(report + "\n")
+    write_report(lines, args.out, "bench_weight_only")
     return 0
 
 

@@ -2,7 +2,7 @@
 """Emit and compile every configured CUTLASS int8 GEMM kernel into the cache (no GPU needed).
 
     python3 scripts/build_kernels.py --arch 75 80 90 -j 2
-    CUTLASS_OPS_CACHE_DIR=.carry/cache python3 scripts/build_kernels.py --arch 90 --epilogue none dequant
+    CUTLASS_OPS_CACHE_DIR=/tmp/kernel-cache python3 scripts/build_kernels.py --arch 90 --epilogue none dequant
 
 ``--arch`` lists the GPUs' compute capabilities to build for (each gets every kernel generation
 it can run: 90 -> Sm90 + Sm80 + Sm75 kernels). A second run is all cache hits; the GPU runtime
@@ -16,16 +16,14 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tqdm import tqdm
 
-from tqdm import tqdm  # noqa: E402
-
-import epilogues  # noqa: E402
-from custom_kernels import host_ext  # noqa: E402
-from cutlass_ops.gemm import BUCKETS, configured_specs  # noqa: E402
-from cutlass_ops.gemm_build import GemmKernelSpec, build  # noqa: E402
+import epilogues
+from custom_kernels import host_ext
+from cutlass_ops.cutlass.build import build
+from cutlass_ops.cutlass.spec import GemmKernelSpec
+from cutlass_ops.cutlass.tuning import BUCKETS, configured_specs
 
 
 def _build_one(spec_dict: dict) -> tuple[str, bool | None, float, str]:

@@ -6,7 +6,7 @@ reduced to chosen instruction mixes, and reports SM clocks per 128-wide K block.
 warpgroups' wgmmas (8 x m64n192k32 per block) the tensor cores need 768 clocks per block at the
 int8 peak (4096 multiply-adds per clock and SM), so ``tensor %`` = 768 / clocks per block.
 
-A benchmark, not a test: results go to ``--out`` (markdown). ``--compile-only`` builds every
+A benchmark, not a test: the table goes to scripts/results/<gpu>/wgmma_overlap_probe.md (or ``--out``). ``--compile-only`` builds every
 variant for sm_90a (no GPU needed) and exits.
 """
 from __future__ import annotations
@@ -14,9 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 SOURCE = Path(__file__).resolve().parent / "kernels" / "wgmma_overlap.cu"
 SMEM_BYTES = 4 * (128 * 128 + 192 * 128 + 4096) + 1024 + 64
@@ -58,7 +55,7 @@ def main() -> int:
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--blocks", type=int, default=1024, help="K blocks per CTA (default 1024)")
     ap.add_argument("--wrap-mb", type=int, default=8, help="bytes the producer streams from (8: L2-resident)")
-    ap.add_argument("--out", type=Path, help="write the table here (markdown)")
+    ap.add_argument("--out", type=Path, help="default: scripts/results/<gpu>/wgmma_overlap_probe.md")
     ap.add_argument("--compile-only", action="store_true", help="build every variant for sm_90a and exit")
     args = ap.parse_args()
     if args.compile_only:
@@ -67,7 +64,12 @@ def main() -> int:
         return 0
 
     import torch
-    from custom_kernels.launcher import Module
+    from _timing import write_report
+
+    from custom_kernels.launch import I32, I64, KernelArgs, Launch, LaunchConfig, Module, Ptr
+
+    class ProbeArgs(KernelArgs):  # wgmma_overlap(src, wrap, scale, out, clk, G)
+        _fields_ = [("src", Ptr), ("wrap", I64), ("scale", Ptr), ("out", Ptr), ("clk", Ptr), ("G", I32)]
 
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         print("needs a compute capability 9.0 GPU (wgmma)", file=sys.stderr)
@@ -83,11 +85,11 @@ def main() -> int:
     rows = []
     for name in args.variants:
         defines, what = VARIANTS[name]
-        kernel = Module(build(name).data, name=name).kernel("wgmma_overlap", "PqPPPi")
+        kernel = Module(build(name).data, name=name).kernel("wgmma_overlap")
         kernel.set_max_dynamic_smem(SMEM_BYTES)
-
-        def run():
-            kernel.launch((sms,), (384,), (src, wrap, scale, out, clk, G), smem=SMEM_BYTES)
+        run = Launch(kernel, LaunchConfig.of(sms, 384, SMEM_BYTES),
+                     ProbeArgs(src=src.data_ptr(), wrap=wrap, scale=scale.data_ptr(), out=out.data_ptr(),
+                               clk=clk.data_ptr(), G=G), dev.index or 0)
 
         run()
         torch.cuda.synchronize()
@@ -118,10 +120,7 @@ def main() -> int:
     for name, what, us, wg0, wg1, tensor in rows:
         t = "" if tensor != tensor else f"{tensor:.1f}"
         lines.append(f"| {name} | {what} | {us:.1f} | {wg0:.1f} | {wg1:.1f} | {t} |")
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        args.out.write_text(text)
-    print(text)
+    write_report(lines, args.out, "wgmma_overlap_probe")
     return 0
 
 

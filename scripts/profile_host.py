@@ -7,7 +7,7 @@ call of each layer (public API -> op -> plan -> kernel launch -> the bare driver
 problem small enough that the GPU keeps up, then the top functions of a cProfile run of the public
 call. A benchmark (not a test):
 
-    python3 scripts/profile_host.py --out report.md
+    python3 scripts/profile_host.py       # -> scripts/results/<gpu>/profile_host.md (or --out)
 """
 from __future__ import annotations
 
@@ -18,12 +18,8 @@ import pstats
 import sys
 from pathlib import Path
 
+import _timing
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _timing  # noqa: E402
 
 CALLS = 3000
 
@@ -50,7 +46,8 @@ def profile(fn, calls: int = 2000, top: int = 18) -> str:
 
 def int8_gemm_layers(arch: int, M: int, N: int, K: int) -> list[tuple[str, float]]:
     import cutlass_ops
-    from cutlass_ops import gemm
+    from cutlass_ops import cutlass as gemm
+    from custom_kernels.launch import params_address
 
     A = torch.randint(-128, 128, (M, K), dtype=torch.int8, device="cuda")
     B = torch.randint(-128, 128, (N, K), dtype=torch.int8, device="cuda")
@@ -68,22 +65,17 @@ def int8_gemm_layers(arch: int, M: int, N: int, K: int) -> list[tuple[str, float
                                                                                        out_dtype=torch.float16, **kw))),
         ("cutlass_ops.int8_gemm(out=D) (public API, D given)", host_us(lambda: cutlass_ops.int8_gemm(
             A, B, "dequant", arch=arch, out=out, **kw))),
-        ("cutlass_ops.gemm.int8_gemm", host_us(lambda: gemm.int8_gemm(A, B, "dequant", arch=arch,
+        ("cutlass_ops.cutlass.int8_gemm", host_us(lambda: gemm.int8_gemm(A, B, "dequant", arch=arch,
                                                                         out_dtype=torch.float16, **kw))),
         ("plan(A, B, **inputs) (allocates D)", host_us(lambda: plan(A, B, **kw))),
         ("plan(A, B, out=D, **inputs)", host_us(lambda: plan(A, B, out=out, **kw))),
         ("plan.launch_arguments only", host_us(lambda: plan.launch_arguments(A, B, out, **kw))),
         ("GemmKernel.launch(pointers)", host_us(lambda: kernel.launch(M_, N_, K_, pointers, scalars, device=0))),
-        ("Kernel.launch_params (driver launch)", host_us(lambda: kernel.kernel.launch_params(
-            state.grid, state.block, params, kernel.smem, stream, kernel.cluster))),
         ("torch.empty(M, N) f16", host_us(lambda: torch.empty(M, N, dtype=torch.float16, device="cuda"))),
     ]
     # The bare driver launch of the same Params through a prebuilt LaunchShape.
-    from custom_kernels.launcher import LaunchShape
-
-    params_addr = kernel.kernel.params_address(params)
-    shape = LaunchShape(kernel.kernel.function(0), state.grid, state.block, kernel.smem, kernel.cluster, kernel.name,
-                        kernel.pdl)
+    keep, params_addr = params_address(params)
+    shape = kernel.launch_shape(state.grid, state.block, 0)
     kind = "cuLaunchKernelEx (ctypes)" if shape.pdl or shape.cluster != (1, 1, 1) else "cuLaunchKernel (cuda-python)"
     rows.append((f"LaunchShape.launch: {kind}", host_us(lambda: shape.launch(stream, params_addr))))
     try:
@@ -95,7 +87,7 @@ def int8_gemm_layers(arch: int, M: int, N: int, K: int) -> list[tuple[str, float
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=Path, help="default: scripts/results/<gpu>/profile_host.md")
     p.add_argument("--archs", type=int, nargs="+", default=None)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -128,12 +120,15 @@ def main() -> int:
     x1 = torch.randn(1, K, device="cuda", dtype=torch.float16)
     qw4 = quantize_weight(torch.randn(N, K, device="cuda") * 0.02, bits=4, block_size=128)
     qw8 = quantize_weight(torch.randn(N, K, device="cuda") * 0.02, bits=8, block_size=128)
-    from cutlass_ops.ops import weight_only as wo
+    from cutlass_ops import weight_only as wo
 
     x16 = torch.randn(16, K, device="cuda", dtype=torch.float16)
+    plan4 = wo.get_plan(qw4, 1, torch.float16, x1.device.index)
+    out1 = torch.empty(1, N, device="cuda", dtype=torch.float16)
     rows = [
         ("cutlass_ops.linear W4A16 M=1", host_us(lambda: cutlass_ops.linear(x1, qw4))),
-        ("ops.weight_only.linear_weight_only W4A16 M=1", host_us(lambda: wo.linear_weight_only(x1, qw4))),
+        ("weight_only.linear_weight_only W4A16 M=1", host_us(lambda: wo.linear_weight_only(x1, qw4))),
+        ("weight_only plan(x, out) W4A16 M=1 (cached plan, launch)", host_us(lambda: plan4(x1, 0, 0, out1))),
         ("cutlass_ops.linear_w8a8 fused M=16", host_us(lambda: cutlass_ops.linear_w8a8(x16, qw8))),
         ("cutlass_ops.quantize_activation M=16", host_us(lambda: cutlass_ops.quantize_activation(x16, 128))),
         ("torch.matmul fp16 M=1 (reference)", host_us(lambda: torch.matmul(x1, x1.new_empty(N, K).T))),
@@ -144,7 +139,7 @@ def main() -> int:
               profile(lambda: cutlass_ops.linear(x1, qw4)), "```", "",
               "### cProfile: cutlass_ops.linear_w8a8 fused M=16, 2000 calls", "", "```",
               profile(lambda: cutlass_ops.linear_w8a8(x16, qw8)), "```", ""]
-    _timing.write_report(lines, args.out)
+    _timing.write_report(lines, args.out, "profile_host")
     return 0
 
 

@@ -2,16 +2,16 @@
 """Launch every raw NVRTC kernel of the project once, at ragged shapes, for compute-sanitizer.
 
 Each case builds small inputs, calls the project's own entry point (the ``cutlass_ops`` API or the
-``cutlass_ops.ops`` wrappers, with the knobs the GPU tests use to force a strategy or a kernel
-variant: ``strategy=``, ``config=``, ``split_k=``, ``weight_only.SMALL_M_GEMV``,
-``w8a8_fused.choose_config``) and synchronizes, so a sanitizer report comes out just above the
+family entry points (``cutlass_ops.weight_only``, ``.conv``, ``.w8a8``), with the knobs the GPU
+tests use to force a strategy or a kernel variant: ``strategy=``, ``config=``, ``split_k=``, ``weight_only.SMALL_M_GEMV``,
+``cutlass_ops.w8a8`` tile choice) and synchronizes, so a sanitizer report comes out just above the
 line of the case that caused it. It prints ``OK <case>`` (or ``FAIL`` / ``SKIP``) per case and a
 summary, and exits 1 if a case raised. No CUTLASS kernel is built or launched (``int8_gemm``, and the
 W8A8 "orchestrator" and "literal" paths, which run CUTLASS GEMMs, are left out); the fused scheme-2
 kernel is NVRTC and is in. All 85 ``extern "C" __global__`` kernels of custom_kernels/kernels/*.cu
 are reached (``--check-coverage``).
 
-On the GPU machine, compile first (NVRTC; gemv_weight_only.cu takes about a minute per module, so
+On the GPU machine, compile first (NVRTC; gemv_mma.cu / gemv_stream.cu take about a minute per module, so
 about 2 minutes cold with 16 threads), then run under memcheck, instrumenting only the project's
 kernels (torch's and cuBLAS's are not; the filters match substrings of the unmangled extern "C"
 names, and several --kernel-name filters add up):
@@ -72,7 +72,6 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 KERNEL_DIR = ROOT / "custom_kernels" / "kernels"
 
 # Before torch initializes CUDA: one cudaMalloc per tensor, so memcheck sees each tensor's bounds.
@@ -85,10 +84,11 @@ import torch  # noqa: E402
 # case table
 # ---------------------------------------------------------------------------------------------
 
-FAMILIES = ("gemv_weight_only", "gemm_weight_only", "dequant_weight", "gemv_dp4a", "converters_test",
-            "conv_weight_only", "quant_a", "scheme2_epilogue", "w8a8_kblock_fused", "w8a8_kblock_wgmma")
-ALIASES = {"gemv": "gemv_weight_only", "gemm": "gemm_weight_only", "dequant": "dequant_weight",
-           "dp4a": "gemv_dp4a", "converters": "converters_test", "conv": "conv_weight_only",
+FAMILIES = ("gemv_mma", "gemv_stream", "gemv_simt", "gemm_mma", "gemm_simt", "dequant_weight", "gemv_dp4a",
+            "converters_test",
+            "conv", "quant_a", "scheme2_epilogue", "w8a8_kblock_fused", "w8a8_kblock_wgmma")
+ALIASES = {"gemv": ("gemv_mma", "gemv_stream", "gemv_simt"), "gemm": ("gemm_mma", "gemm_simt"), "dequant": "dequant_weight",
+           "dp4a": "gemv_dp4a", "converters": "converters_test",
            "quant": "quant_a", "scheme2": "scheme2_epilogue", "w8a8": "w8a8_kblock_fused",
            "wgmma": "w8a8_kblock_wgmma"}
 
@@ -170,12 +170,13 @@ def _vector(N: int, dtype, seed: int = 1) -> torch.Tensor:
     return (torch.randn(N, generator=g) * 0.5).to(dtype).to(_cuda())
 
 
-# -- weight-only linear (gemv_weight_only.cu, gemm_weight_only.cu, dequant_weight.cu, gemv_dp4a.cu)
+# -- weight-only linear (gemv_{mma,stream,simt}.cu + splitk_reduce.cu, gemm_{mma,simt}.cu, dequant_weight.cu,
+#    gemv_dp4a.cu)
 
 def _wo_defines(dtype, bits: int, config=None) -> dict:
-    from cutlass_ops.ops import weight_only as wo
+    from cutlass_ops import weight_only as wo
 
-    d = {"WO_ELEMENT": wo._ELEMENT[dtype], "WO_BITS": bits}
+    d = {"WO_ELEMENT": wo.ELEMENT[dtype], "WO_BITS": bits}
     if config is not None and hasattr(config, "defines"):
         d.update(config.defines())
     return d
@@ -192,12 +193,12 @@ def _wo_case(family: str, strategy: str | None, dtype, bits: int, M: int, N: int
             + (f"-{tag}" if tag else ""))
     refs = []
     for file, kname in names:
-        defines = ({"WO_ELEMENT": _wo_defines(dtype, bits)["WO_ELEMENT"]} if file == "gemv_dp4a.cu"
+        defines = ({"WO_ELEMENT": _wo_defines(dtype, bits)["WO_ELEMENT"]} if file in ("gemv_dp4a.cu", "splitk_reduce.cu")
                    else _wo_defines(dtype, bits, config))
         refs.append(_ref(file, kname, defines))
 
     def run():
-        from cutlass_ops.ops import weight_only as wo
+        from cutlass_ops import weight_only as wo
 
         qw = _linear_weight(N, K, bits, block_size, symmetric)
         if small_m_gemv is not None:  # the default-dispatch table, flipped like the GPU test does
@@ -228,9 +229,10 @@ def _gemv_mma_tile(M: int) -> int:
 
 
 def _build_weight_only_cases() -> None:
-    from cutlass_ops.ops import weight_only as wo
+    from cutlass_ops import weight_only as wo
 
-    G, D, Q, P = "gemv_weight_only.cu", "dequant_weight.cu", "gemv_dp4a.cu", "gemm_weight_only.cu"
+    GM, GS, GT, R = "gemv_mma.cu", "gemv_stream.cu", "gemv_simt.cu", "splitk_reduce.cu"
+    D, Q, PM, PT = "dequant_weight.cu", "gemv_dp4a.cu", "gemm_mma.cu", "gemm_simt.cu"
     half_types = (torch.float16, torch.bfloat16)
     all_types = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -240,20 +242,20 @@ def _build_weight_only_cases() -> None:
     for dtype in half_types:
         for bits in (4, 8):
             mt = _gemv_mma_tile
-            _wo_case("gemv_weight_only", "gemv_mma", dtype, bits, 1, 4097, 992, 32, [(G, f"gemv_mma_mt{mt(1)}")],
+            _wo_case("gemv_mma", "gemv_mma", dtype, bits, 1, 4097, 992, 32, [(GM, f"gemv_mma_mt{mt(1)}")],
                      tag="nosplit", min_cc=80)
-            _wo_case("gemv_weight_only", "gemv_mma", dtype, bits, 3, 259, 4160, 64,
-                     [(G, f"gemv_mma_mt{mt(3)}"), (G, "splitk_reduce")], tag="splitk", min_cc=80, act=1)
-            _wo_case("gemv_weight_only", "gemv_mma", dtype, bits, 13, 4097, 4160, 64, [(G, f"gemv_mma_mt{mt(13)}")],
+            _wo_case("gemv_mma", "gemv_mma", dtype, bits, 3, 259, 4160, 64,
+                     [(GM, f"gemv_mma_mt{mt(3)}"), (R, "splitk_reduce")], tag="splitk", min_cc=80, act=1)
+            _wo_case("gemv_mma", "gemv_mma", dtype, bits, 13, 4097, 4160, 64, [(GM, f"gemv_mma_mt{mt(13)}")],
                      min_cc=80, bias=False)
-            _wo_case("gemv_weight_only", "gemv_mma", dtype, bits, 17, 4097, 4160, None, [(G, f"gemv_mma_mt{mt(17)}")],
+            _wo_case("gemv_mma", "gemv_mma", dtype, bits, 17, 4097, 4160, None, [(GM, f"gemv_mma_mt{mt(17)}")],
                      min_cc=80)
-            _wo_case("gemv_weight_only", "gemv_mma", dtype, bits, 47, 515, 4224, 128,
-                     [(G, f"gemv_mma_mt{mt(47)}"), (G, "splitk_reduce")], tag="splitk", min_cc=80, act=0)
+            _wo_case("gemv_mma", "gemv_mma", dtype, bits, 47, 515, 4224, 128,
+                     [(GM, f"gemv_mma_mt{mt(47)}"), (R, "splitk_reduce")], tag="splitk", min_cc=80, act=0)
     for dtype, bits in ((torch.float16, 4), (torch.bfloat16, 8)):  # each M-tile count at its boundaries
         for M in (8, 9, 16, 33, 64):
-            _wo_case("gemv_weight_only", "gemv_mma", dtype, bits, M, 4097, 4160, 64,
-                     [(G, f"gemv_mma_mt{_gemv_mma_tile(M)}")], tag="m-boundary", min_cc=80, act=M % 3)
+            _wo_case("gemv_mma", "gemv_mma", dtype, bits, M, 4097, 4160, 64,
+                     [(GM, f"gemv_mma_mt{_gemv_mma_tile(M)}")], tag="m-boundary", min_cc=80, act=M % 3)
     # The gemv_mma variants of GemvMmaConfig (row tiles, unroll, warps, forced splits), where the
     # module has them: each is its own NVRTC module (a minute or more to compile), so --tunables only.
     GemvMmaConfig = getattr(wo, "GemvMmaConfig", None)
@@ -268,9 +270,9 @@ def _build_weight_only_cases() -> None:
         for i, (kwargs, cfg) in enumerate(variants):
             dtype, bits, M = ((torch.float16, 4, 5), (torch.bfloat16, 8, 9), (torch.float16, 8, 2))[i % 3]
             tag = "cfg-" + "-".join(f"{k}{v}" for k, v in kwargs.items())
-            names = [(G, f"gemv_mma_mt{_gemv_mma_tile(M)}")] + ([(G, "splitk_reduce")]
+            names = [(GM, f"gemv_mma_mt{_gemv_mma_tile(M)}")] + ([(R, "splitk_reduce")]
                                                                if kwargs.get("splits", 1) > 1 else [])
-            _wo_case("gemv_weight_only", "gemv_mma", dtype, bits, M, 1031, 4160, 64, names, tag=tag, config=cfg,
+            _wo_case("gemv_mma", "gemv_mma", dtype, bits, M, 1031, 4160, 64, names, tag=tag, config=cfg,
                      min_cc=80, optional=True)
 
     # gemv_stream (fp16/bf16, any arch): every M = 1..8 on the main ragged shape (N = 4097: a partial
@@ -278,24 +280,24 @@ def _build_weight_only_cases() -> None:
     for dtype in half_types:
         for bits in (4, 8):
             for M in range(1, 9):
-                _wo_case("gemv_weight_only", "gemv_stream", dtype, bits, M, 4097, 4160, 64,
-                         [(G, f"gemv_stream_m{M}")], act=M % 3, bias=M != 4)
+                _wo_case("gemv_stream", "gemv_stream", dtype, bits, M, 4097, 4160, 64,
+                         [(GS, f"gemv_stream_m{M}")], act=M % 3, bias=M != 4)
     for dtype, bits, M, N, K, bs, tag in ((torch.float16, 4, 3, 4097, 4160, None, "perchannel"),
                                           (torch.bfloat16, 8, 5, 4097, 4224, 96, "div-block"),
                                           (torch.float16, 8, 3, 3, 1056, 32, "tiny-n"),
                                           (torch.bfloat16, 4, 2, 77, 1056, 32, "n77")):
-        _wo_case("gemv_weight_only", "gemv_stream", dtype, bits, M, N, K, bs, [(G, f"gemv_stream_m{M}")], tag=tag)
+        _wo_case("gemv_stream", "gemv_stream", dtype, bits, M, N, K, bs, [(GS, f"gemv_stream_m{M}")], tag=tag)
     for dtype, bits, M in ((torch.float16, 4, 7), (torch.bfloat16, 8, 1)):
         # N = 259: row groups fill few warp slots, K is split (>= 64 chunks per split)
-        _wo_case("gemv_weight_only", "gemv_stream", dtype, bits, M, 259, 8192, 128,
-                 [(G, f"gemv_stream_m{M}"), (G, "splitk_reduce")], tag="splitk", act=0)
-    _wo_case("gemv_weight_only", "gemv_stream", torch.float16, 4, 8, 1031, 16384, 128,
-             [(G, "gemv_stream_m8"), (G, "splitk_reduce")], tag="smem-split")
-    _wo_case("gemv_weight_only", "gemv_stream", torch.float16, 4, 3, 515, 2048, 64, [(G, "gemv_stream_m3")],
+        _wo_case("gemv_stream", "gemv_stream", dtype, bits, M, 259, 8192, 128,
+                 [(GS, f"gemv_stream_m{M}"), (R, "splitk_reduce")], tag="splitk", act=0)
+    _wo_case("gemv_stream", "gemv_stream", torch.float16, 4, 8, 1031, 16384, 128,
+             [(GS, "gemv_stream_m8"), (R, "splitk_reduce")], tag="smem-split")
+    _wo_case("gemv_stream", "gemv_stream", torch.float16, 4, 3, 515, 2048, 64, [(GS, "gemv_stream_m3")],
              tag="f16-overflow-guard", x_scale=4000.0, act=0, bias=False)
-    _wo_case("gemv_weight_only", "gemv_stream", torch.float16, 8, 3, 515, 2048, 64, [(G, "gemv_stream_m3")],
+    _wo_case("gemv_stream", "gemv_stream", torch.float16, 8, 3, 515, 2048, 64, [(GS, "gemv_stream_m3")],
              tag="f16-overflow-guard", x_scale=125.0, act=0)
-    _wo_case("gemv_weight_only", None, torch.float16, 4, 1, 1031, 4160, 64, [(G, "gemv_stream_m1")],
+    _wo_case("gemv_stream", None, torch.float16, 4, 1, 1031, 4160, 64, [(GS, "gemv_stream_m1")],
              tag="SMALL_M_GEMV-stream", small_m_gemv="gemv_stream", min_cc=80,
              note="default dispatch with weight_only.SMALL_M_GEMV[1] = 'gemv_stream'")
     StreamConfig = getattr(wo, "StreamConfig", None)
@@ -307,21 +309,21 @@ def _build_weight_only_cases() -> None:
                 continue
             dtype, bits, M = ((torch.float16, 8, 4), (torch.bfloat16, 4, 6))[i % 2]
             tag = "cfg-" + "-".join(f"{k}{v}" for k, v in kwargs.items())
-            _wo_case("gemv_weight_only", "gemv_stream", dtype, bits, M, 4097, 4160, 64, [(G, f"gemv_stream_m{M}")],
+            _wo_case("gemv_stream", "gemv_stream", dtype, bits, M, 4097, 4160, 64, [(GS, f"gemv_stream_m{M}")],
                      tag=tag, config=cfg, optional=True)
 
     # gemv_simt (every dtype): every M = 1..8, N = 515 (a partial 4-row block), K = 1056 (block 32).
     for dtype in all_types:
         for bits in (4, 8):
             for M in range(1, 9):
-                _wo_case("gemv_weight_only", "gemv_simt", dtype, bits, M, 515, 1056, 32, [(G, f"gemv_simt_m{M}")],
+                _wo_case("gemv_simt", "gemv_simt", dtype, bits, M, 515, 1056, 32, [(GT, f"gemv_simt_m{M}")],
                          act=M % 3, bias=M % 2 == 1)
-    _wo_case("gemv_weight_only", "gemv_simt", torch.float32, 4, 3, 4097, 4224, 96, [(G, "gemv_simt_m3")],
+    _wo_case("gemv_simt", "gemv_simt", torch.float32, 4, 3, 4097, 4224, 96, [(GT, "gemv_simt_m3")],
              tag="div-block")
-    _wo_case("gemv_weight_only", "gemv_simt", torch.bfloat16, 8, 6, 4097, 4160, None, [(G, "gemv_simt_m6")],
+    _wo_case("gemv_simt", "gemv_simt", torch.bfloat16, 8, 6, 4097, 4160, None, [(GT, "gemv_simt_m6")],
              tag="perchannel")
-    _wo_case("gemv_weight_only", None, torch.bfloat16, 8, 6, 4097, 4160, 64,
-             [(G, f"gemv_mma_mt{_gemv_mma_tile(6)}")], public=True, min_cc=80,
+    _wo_case("gemv_mma", None, torch.bfloat16, 8, 6, 4097, 4160, 64,
+             [(GM, f"gemv_mma_mt{_gemv_mma_tile(6)}")], public=True, min_cc=80,
              note="public cutlass_ops.linear, default dispatch (gemv_mma on sm_80+)")
 
     # gemm_mma (fp16/bf16, sm_80+): both CTA tiles (GemmConfig 64 / 128), ragged N and K, the
@@ -330,20 +332,20 @@ def _build_weight_only_cases() -> None:
         for cfg in wo.GEMM_CONFIGS:
             M, N, K, bs = ((17, 4097, 4160, 64), (70, 77, 1056, 32), (129, 515, 4224, 128),
                            (33, 4097, 4160, None))[(i + cfg.m_tile // 64) % 4]
-            _wo_case("gemm_weight_only", "gemm_mma", dtype, bits, M, N, K, bs, [(P, cfg.kernel_name())],
+            _wo_case("gemm_mma", "gemm_mma", dtype, bits, M, N, K, bs, [(PM, cfg.kernel_name())],
                      tag=f"mtile{cfg.m_tile}", config=cfg, min_cc=80, act=i % 3)
     for cfg in wo.GEMM_CONFIGS:
-        _wo_case("gemm_weight_only", "gemm_mma", torch.float16, 8, 70, 300, 960, 48, [(P, cfg.kernel_name())],
+        _wo_case("gemm_mma", "gemm_mma", torch.float16, 8, 70, 300, 960, 48, [(PM, cfg.kernel_name())],
                  tag=f"mtile{cfg.m_tile}-div-block", config=cfg, min_cc=80, act=0)
-        _wo_case("gemm_weight_only", "gemm_mma", torch.float16, 4, 300, 4097, 4224, 128, [(P, cfg.kernel_name())],
+        _wo_case("gemm_mma", "gemm_mma", torch.float16, 4, 300, 4097, 4224, 128, [(PM, cfg.kernel_name())],
                  tag=f"mtile{cfg.m_tile}-several-m-tiles", config=cfg, min_cc=80, act=1)
     # gemm_simt (every dtype, the fallback)
     for dtype in all_types:
         for bits in (4, 8):
             M, N, K, bs = (17, 515, 1056, 32) if bits == 4 else (70, 77, 1056, 32)
-            _wo_case("gemm_weight_only", "gemm_simt", dtype, bits, M, N, K, bs, [(P, "gemm_simt")], act=bits % 3)
-    _wo_case("gemm_weight_only", "gemm_simt", torch.float16, 8, 70, 300, 960, 48, [(P, "gemm_simt")], tag="div-block")
-    _wo_case("gemm_weight_only", "gemm_simt", torch.float32, 4, 9, 4097, 4160, None, [(P, "gemm_simt")],
+            _wo_case("gemm_simt", "gemm_simt", dtype, bits, M, N, K, bs, [(PT, "gemm_simt")], act=bits % 3)
+    _wo_case("gemm_simt", "gemm_simt", torch.float16, 8, 70, 300, 960, 48, [(PT, "gemm_simt")], tag="div-block")
+    _wo_case("gemm_simt", "gemm_simt", torch.float32, 4, 9, 4097, 4160, None, [(PT, "gemm_simt")],
              tag="perchannel")
 
     # dequant_weight alone (dequantize_weight), over the tile / tail / group-per-word / division paths
@@ -380,7 +382,7 @@ def _add_dequant_case(dtype, bits: int, N: int, K: int, block_size: int | None) 
     name = f"dequantize_weight/{_DT_NAME[dtype]}-int{bits}-N{N}-K{K}-g{bs}"
 
     def run():
-        from cutlass_ops.ops import weight_only as wo
+        from cutlass_ops import weight_only as wo
 
         return wo.dequantize_weight(_linear_weight(N, K, bits, block_size, False), dtype)
 
@@ -389,38 +391,46 @@ def _add_dequant_case(dtype, bits: int, N: int, K: int, block_size: int | None) 
 
 # -- converters_test.cu ------------------------------------------------------------------------
 
+def _launch_converter(kname: str, blocks: int, words: torch.Tensor, out: torch.Tensor, n: int) -> None:
+    """One launch of a converters_test.cu kernel (words, out, n) with 256-thread blocks."""
+    from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
+
+    class ConverterArgs(KernelArgs):
+        _fields_ = [("words", Ptr), ("out", Ptr), ("n", I32)]
+
+    device = words.device.index
+    Launch(load_kernel("converters_test.cu", kname, device=device), LaunchConfig.of(blocks, 256),
+           ConverterArgs(words=words.data_ptr(), out=out.data_ptr(), n=n), device)()
+
+
 def _build_converter_cases() -> None:
     entries = [(f"test_{s}{w}s_to_{t}", 4 if w == "int4" else 2)
                for w in ("int4", "int8") for s in ("", "u")
                for t in (("half2x4", "bf162x4") if w == "int4" else ("half2x2", "bf162x2"))]
     for kname, pairs in entries:
         def run(kname=kname, pairs=pairs):
-            from cutlass_ops.ops._loader import load_kernel
-
             n = 4099  # not a multiple of the 256-thread block; 7 blocks: the grid-stride loop runs
             g = torch.Generator().manual_seed(n)
             w = torch.randint(0, 2 ** 32, (n,), generator=g, dtype=torch.int64)
             words = torch.where(w >= 2 ** 31, w - 2 ** 32, w).to(torch.int32).to(_cuda())
             out = torch.empty((n, pairs), dtype=torch.int32, device=_cuda())
-            load_kernel("converters_test.cu", kname, "PPi").launch((7,), (256,), [words, out, n])
+            _launch_converter(kname, 7, words, out, n)
             return out
         _add(f"converters/{kname}-n4099", "converters_test", [_ref("converters_test.cu", kname)], run)
 
     for short_rows in (2, 500):  # 16 bytes (a tail-sized overrun) and 4000 bytes past the output
         def run_planted(short_rows=short_rows):
-            from cutlass_ops.ops._loader import load_kernel
-
             n = 1000
             words = torch.zeros(n, dtype=torch.int32, device=_cuda())
             out = torch.empty((n - short_rows, 2), dtype=torch.int32, device=_cuda())  # rows of 8 bytes
-            load_kernel("converters_test.cu", "test_int8s_to_half2x2", "PPi").launch((4,), (256,), [words, out, n])
+            _launch_converter("test_int8s_to_half2x2", 4, words, out, n)
             return out
         _add(f"selftest/planted-oob-write-{8 * short_rows}B-test_int8s_to_half2x2", "converters_test",
              [_ref("converters_test.cu", "test_int8s_to_half2x2")], run_planted, selftest=True,
              note="writes past its output on purpose: memcheck must report it (--plant-oob)")
 
 
-# -- conv_weight_only.cu -----------------------------------------------------------------------
+# -- conv_direct.cu, conv_igemm.cu ------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ConvShape:
@@ -454,16 +464,16 @@ def _conv_weight(Co: int, Ci: int, kh: int, kw: int, bits: int, block_size: int)
 def _conv_case(strategy: str, dtype, bits: int, channels_last: bool, shape: ConvShape, names: list[str], *,
                split_k: int | None = None, act: int = 1, bias: bool = True, public: bool = False,
                min_cc: int = 0) -> None:
-    from cutlass_ops.ops.conv import _DTYPE_CODES
+    from cutlass_ops.conv.geometry import DTYPE_CODES
 
     layout = "nhwc" if channels_last else "nchw"
     name = (f"conv_{strategy}/{_DT_NAME[dtype]}-w{bits}-{layout}-{shape.tag()}"
             + (f"-splitk{split_k}" if split_k else "") + ("-public" if public else ""))
-    defines = {"CUOPS_CONV_T": _DTYPE_CODES[dtype][0], "CUOPS_CONV_BITS": bits}
-    refs = [_ref("conv_weight_only.cu", n, defines) for n in names]
+    defines = {"CUOPS_CONV_T": DTYPE_CODES[dtype][0], "CUOPS_CONV_BITS": bits}
+    refs = [_ref("conv_direct.cu" if n.startswith("conv_direct_") else "conv_igemm.cu", n, defines) for n in names]
 
     def run():
-        from cutlass_ops.ops.conv import conv2d_weight_only
+        from cutlass_ops.conv import conv2d_weight_only
 
         qw = _conv_weight(shape.Co, shape.Ci, shape.kh, shape.kw, bits, shape.block_size)
         g = torch.Generator().manual_seed(shape.H * 31 + shape.W)
@@ -479,7 +489,7 @@ def _conv_case(strategy: str, dtype, bits: int, channels_last: bool, shape: Conv
         return conv2d_weight_only(x, qw, b, shape.stride, shape.padding, shape.dilation, act, strategy=strategy,
                                   split_k=split_k)
 
-    _add(name, "conv_weight_only", refs, run, min_cc)
+    _add(name, "conv", refs, run, min_cc)
 
 
 def _build_conv_cases() -> None:
@@ -532,7 +542,7 @@ def _build_scheme2_helper_cases() -> None:
     for dtype, M, bs, G in ((torch.float32, 17, 32, 7), (torch.float16, 3, 128, 5), (torch.bfloat16, 1, 256, 2),
                             (torch.float16, 127, 64, 3)):
         def run(dtype=dtype, M=M, bs=bs, G=G):
-            from cutlass_ops.ops.quant import quantize_activation_gpu
+            from cutlass_ops.w8a8.quant_a import quantize_activation_gpu
 
             return quantize_activation_gpu(_activations(M, bs * G, dtype, seed=5, scale=3.0), bs)
         # blocks up to 1024 long: one warp per (row, block)
@@ -548,7 +558,7 @@ def _build_scheme2_helper_cases() -> None:
 
     for dtype, params_2d in ((torch.float32, True), (torch.float16, False), (torch.bfloat16, True)):
         def run_block(dtype=dtype, params_2d=params_2d):
-            from cutlass_ops.ops.quant import quantize_activation_block_gpu
+            from cutlass_ops.w8a8.quant_a import quantize_activation_block_gpu
 
             M, bs, G = 17, 64, 3
             K = bs * G
@@ -567,7 +577,7 @@ def _build_scheme2_helper_cases() -> None:
 
     for N, bs, G, odd in ((1, 32, 3, False), (17, 64, 5, False), (130, 128, 2, True), (5, 4096, 1, False)):
         def run_sum(N=N, bs=bs, G=G, odd=odd):
-            from cutlass_ops.ops.quant import sum_bq_gpu
+            from cutlass_ops.w8a8.quant_a import sum_bq_gpu
 
             K = bs * G
             g = torch.Generator().manual_seed(N + K)
@@ -578,7 +588,7 @@ def _build_scheme2_helper_cases() -> None:
 
     for out_dtype, params_2d in ((torch.float32, True), (torch.float16, False), (torch.bfloat16, True)):
         def run_acc(out_dtype=out_dtype, params_2d=params_2d):
-            from cutlass_ops.ops.quant import dequant_and_acc_gpu
+            from cutlass_ops.w8a8.epilogue import dequant_and_acc_gpu
 
             M, N, bs, G = 17, 41, 64, 4
             g = torch.Generator().manual_seed(M * N)
@@ -600,7 +610,7 @@ def _build_scheme2_helper_cases() -> None:
                                     ("bf16", "bf16", False, False), ("f32", "f16", False, True),
                                     ("f32", "bf16", True, False)):
         def run_bias(src=src, dst=dst, bias=bias, strided=strided):
-            from cutlass_ops.ops.quant import bias_and_activation_gpu
+            from cutlass_ops.w8a8.epilogue import bias_and_activation_gpu
 
             M, N = 9, 33
             data = _activations(M, N + 7, _DT[src], seed=8, scale=8.0)
@@ -628,7 +638,8 @@ def _w8a8_weight(N: int, K: int, block_size: int):
 
 
 def _build_w8a8_cases() -> None:
-    from cutlass_ops.ops import w8a8_fused as wf
+    from cutlass_ops.w8a8 import fused as wf
+    from cutlass_ops.w8a8 import tiles
 
     F = "w8a8_kblock_fused.cu"
     # Every tile variant once, each block size at least once (L: block 128 > BK = 64; L128: block 32,
@@ -636,7 +647,7 @@ def _build_w8a8_cases() -> None:
     plan = (("T", 32, torch.float16, True), ("T32", 256, torch.bfloat16, False), ("S", 128, torch.float32, True),
             ("M", 64, torch.float16, False), ("L", 128, torch.bfloat16, True), ("L128", 32, torch.float32, True))
     for config, bs, dtype, bias in plan:
-        if config not in wf.TILE_CONFIGS:
+        if config not in tiles.TILE_CONFIGS:
             continue
         def run(config=config, bs=bs, dtype=dtype, bias=bias):
             M, N, K = 129, 200, K_FOR_BLOCK[bs]
@@ -645,7 +656,7 @@ def _build_w8a8_cases() -> None:
             qa = wf.quantize_activation_torch(x, bs)
             return wf.linear_w8a8_fused(x, qw, _vector(N, dtype) if bias else None, 1, quantized_A=qa, config=config)
         _add(f"w8a8_fused/{config}-g{bs}-{_DT_NAME[dtype]}-M129-N200-K{K_FOR_BLOCK[bs]}", "w8a8_kblock_fused",
-             [_ref(F, "w8a8_kblock_gemm", wf.TILE_CONFIGS[config].defines(bs))], run)
+             [_ref(F, "w8a8_kblock_gemm", tiles.TILE_CONFIGS[config].defines(bs))], run)
     # The Hopper wgmma kernel: every block size (1, 2, 4 blocks per K tile and 2 tiles per block),
     # the ragged second M tile holds one row; the TMA producers (M and N split) at the extremes
     # (four blocks' parameters per K tile, two K tiles per block).
@@ -656,7 +667,7 @@ def _build_w8a8_cases() -> None:
                                     ("WN", 128, torch.float32, True), ("WN", 256, torch.bfloat16, True),
                                     ("WP", 32, torch.bfloat16, False), ("WP", 64, torch.float16, True),
                                     ("WP", 128, torch.float32, False), ("WP", 256, torch.float16, True)):
-        cfg = wf.TILE_CONFIGS[config]
+        cfg = tiles.TILE_CONFIGS[config]
         # WN and WP at block 64 quantize inside the call (QuantA writes the row planes); the others
         # pass pre-quantized A (the planar variants then transpose the row parameters themselves)
         quantize_inside = config in ("WN", "WP") and bs == 64
@@ -670,25 +681,25 @@ def _build_w8a8_cases() -> None:
         if quantize_inside:
             refs.append(_ref("quant_a.cu", f"quant_a_warp_{_DT_NAME[dtype]}"))
         elif cfg.planes:
-            refs.append(_ref(cfg.kernel_file, wf.ROW_PLANES_KERNEL, cfg.defines(bs)))
+            refs.append(_ref(cfg.kernel_file, tiles.ROW_PLANES_KERNEL, cfg.defines(bs)))
         _add(f"w8a8_fused/{config}-g{bs}-{_DT_NAME[dtype]}-M129-N200-K{K_FOR_BLOCK[bs]}", "w8a8_kblock_wgmma",
-             refs, run_wgmma, min_cc=wf.WGMMA_CC)
+             refs, run_wgmma, min_cc=tiles.WGMMA_CC)
     done = {p[0] for p in plan} | {"W", "WT", "WN", "WP"}
-    for c in sorted(set(wf.TILE_CONFIGS) - done):  # variants added later
+    for c in sorted(set(tiles.TILE_CONFIGS) - done):  # variants added later
         def run_extra(c=c):
             qw = _w8a8_weight(200, 4160, 64)
             x = _activations(129, 4160, torch.float16, seed=10)
             return wf.linear_w8a8_fused(x, qw, None, 0, quantized_A=wf.quantize_activation_torch(x, 64), config=c)
-        cfg = wf.TILE_CONFIGS[c]
+        cfg = tiles.TILE_CONFIGS[c]
         _add(f"w8a8_fused/{c}-g64-f16-M129-N200-K4160", "w8a8_kblock_wgmma" if cfg.wgmma else "w8a8_kblock_fused",
              [_ref(cfg.kernel_file, cfg.kernel_name, cfg.defines(64))], run_extra,
-             min_cc=wf.WGMMA_CC if cfg.wgmma else 0)
+             min_cc=tiles.WGMMA_CC if cfg.wgmma else 0)
     # Default variant choice (choose_config) with the GPU QuantA inside the call; the last through the
     # public API (linear_w8a8, path="fused": no CUTLASS involved).
     for M, N, bs, dtype, public in ((1, 4097, 64, torch.float16, False), (17, 1000, 128, torch.bfloat16, False),
                                     (32, 640, 64, torch.float32, True)):
         K = K_FOR_BLOCK[bs]
-        cfg = wf.choose_config(M, N)  # M <= 32: the mma.sync kernel on every GPU (wgmma cases above)
+        cfg = tiles.choose_config(M, N)  # M <= 32: the mma.sync kernel on every GPU (wgmma cases above)
         def run_default(M=M, N=N, K=K, bs=bs, dtype=dtype, public=public):
             qw = _w8a8_weight(N, K, bs)
             x = _activations(M, K, dtype, seed=11)
@@ -700,7 +711,7 @@ def _build_w8a8_cases() -> None:
             return wf.linear_w8a8_fused(x, qw, b, 2)
         _add(f"w8a8_fused/default-{cfg}-g{bs}-{_DT_NAME[dtype]}-M{M}-N{N}-K{K}" + ("-public" if public else ""),
              "w8a8_kblock_fused",
-             [_ref(F, "w8a8_kblock_gemm", wf.TILE_CONFIGS[cfg].defines(bs)),
+             [_ref(F, "w8a8_kblock_gemm", tiles.TILE_CONFIGS[cfg].defines(bs)),
               _ref("quant_a.cu", f"quant_a_warp_{_DT_NAME[dtype]}")], run_default)
 
 
@@ -804,7 +815,8 @@ def build_modules(cases: list[Case], arch: str, jobs: int) -> int:
 
     failures = 0
     with ThreadPoolExecutor(max(1, jobs)) as pool:
-        futures = [pool.submit(one, key) for key in sorted(modules, key=lambda k: (k[0] != "gemv_weight_only.cu", k))]
+        slow_first = ("gemv_mma.cu", "gemv_stream.cu")  # the longest NVRTC compiles
+        futures = [pool.submit(one, key) for key in sorted(modules, key=lambda k: (k[0] not in slow_first, k))]
         for fut in futures:
             try:
                 (file, defines), cubin, seconds = fut.result()
@@ -829,8 +841,8 @@ def build_modules(cases: list[Case], arch: str, jobs: int) -> int:
 # ---------------------------------------------------------------------------------------------
 
 class LaunchTrace:
-    """Wraps the two launch paths (custom_kernels.launcher.Kernel and weight_only._Launch) to record
-    (source file, kernel name) of every launch. Best effort: a missing hook only disables the check."""
+    """Wraps the one launch path (custom_kernels.launch.LaunchShape) to record (source file, kernel
+    name) of every launch. Best effort: a missing hook only disables the check."""
 
     def __init__(self):
         self.current: list[tuple[str, str]] = []
@@ -845,39 +857,22 @@ class LaunchTrace:
     def install(self) -> None:
         trace = self
         try:
-            from custom_kernels import launcher
+            from custom_kernels.launch import LaunchShape
 
-            for attr in ("_launch", "_launch_cluster"):
-                orig = getattr(launcher.Kernel, attr, None)
-                if orig is None or getattr(orig, "_sanitize_wrapped", False):
-                    continue
-
-                def wrapped(self, *a, _orig=orig, **kw):
-                    trace._record(self.module.name, self.name)
-                    return _orig(self, *a, **kw)
-                wrapped._sanitize_wrapped = True
-                setattr(launcher.Kernel, attr, wrapped)
-            self.active = True
-        except Exception as exc:  # noqa: BLE001
-            print(f"note: launch trace off ({exc})")
-            return
-        try:
-            from cutlass_ops.ops import weight_only as wo
-
-            launch_cls = wo._Launch
-            init, call = launch_cls.__init__, launch_cls.__call__
-            if not getattr(call, "_sanitize_wrapped", False):
+            init, launch = LaunchShape.__init__, LaunchShape.launch
+            if not getattr(launch, "_sanitize_wrapped", False):
                 def init_w(self, kernel, *a, **kw):
                     init(self, kernel, *a, **kw)
                     self._sanitize_module = getattr(getattr(kernel, "module", None), "name", "?")
 
-                def call_w(self, *a, **kw):
+                def launch_w(self, *a, **kw):
                     trace._record(getattr(self, "_sanitize_module", "?"), self.name)
-                    return call(self, *a, **kw)
-                call_w._sanitize_wrapped = True
-                launch_cls.__init__, launch_cls.__call__ = init_w, call_w
+                    return launch(self, *a, **kw)
+                launch_w._sanitize_wrapped = True
+                LaunchShape.__init__, LaunchShape.launch = init_w, launch_w
+            self.active = True
         except Exception as exc:  # noqa: BLE001
-            print(f"note: weight-only launch trace off ({exc})")
+            print(f"note: launch trace off ({exc})")
 
     def take(self) -> list[tuple[str, str]]:
         out, self.current = self.current, []
@@ -930,7 +925,10 @@ def select(cases: list[Case], keywords: list[str] | None, families: list[str] | 
     if not plant_oob:
         cases = [c for c in cases if not c.selftest]
     if families:
-        wanted = {ALIASES.get(f, f) for f in families}
+        wanted = set()
+        for f in families:  # an alias names one family or several
+            alias = ALIASES.get(f, f)
+            wanted.update((alias,) if isinstance(alias, str) else alias)
         cases = [c for c in cases if c.family in wanted]
     if keywords:
         cases = [c for c in cases if any(k in c.name for k in keywords)]
@@ -944,7 +942,7 @@ def _under_sanitizer() -> bool:
 
 
 def run_cases(cases: list[Case], args) -> int:
-    from custom_kernels.launcher import device_capability
+    from custom_kernels.device import capability as device_capability
 
     if args.lineinfo:
         from custom_kernels import nvrtc
@@ -1045,7 +1043,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo (source lines in reports)")
     parser.add_argument("--tunables", action="store_true",
                         help="also the kernel variants of weight_only.GemvMmaConfig / StreamConfig, where they exist "
-                             "(each one more NVRTC module of gemv_weight_only.cu)")
+                             "(each one more NVRTC module of gemv_mma.cu / gemv_stream.cu)")
     parser.add_argument("--plant-oob", action="store_true",
                         help="add a case that writes past its output on purpose (test_int8s_to_half2x2): under "
                              "memcheck it must be reported, which shows the filters instrument our kernels")
@@ -1081,7 +1079,7 @@ def main(argv: list[str] | None = None) -> int:
             if not torch.cuda.is_available():
                 print("--build-only without a GPU needs --arch (e.g. 90a, 80)", file=sys.stderr)
                 return 2
-            from cutlass_ops.ops._loader import target_arch
+            from custom_kernels.device import target_arch
 
             arch = target_arch()
         if args.lineinfo:

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Sweep the small-M weight-only GEMV variants on the GPU (a benchmark, not a test).
 
-Times every ``GemvMmaConfig`` / ``StreamConfig`` variant below (``cutlass_ops.ops.weight_only``) at
+Times every ``GemvMmaConfig`` / ``StreamConfig`` variant below (``cutlass_ops.weight_only``) at
 M = 1 (and the best ones at M = 8 and 16) on N = K = 8192 and N = 28672, K = 8192, int4 and int8,
 group 128, fp16 activations, against the device-to-device copy bandwidth measured in the same run.
 Each variant's output is compared with the default plan's before it is timed (a variant that
 disagrees is reported, not timed).
 
-    python3 scripts/sweep_gemv.py --out report.md [--bits 4] [--jobs 16]
+    python3 scripts/sweep_gemv.py [--bits 4] [--jobs 16]   # -> scripts/results/<gpu>/sweep_gemv.md
+    python3 scripts/sweep_gemv.py --floor-only             # -> scripts/results/<gpu>/read_floor.md
 
 The variants are compiled first in parallel processes (NVRTC, into the project's kernel cache).
 """
@@ -19,15 +20,12 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 GROUP = 128
 SHAPES = ((8192, 8192), (28672, 8192))  # (N, K)
 
 
 def mma_configs():
-    from cutlass_ops.ops.weight_only import GemvMmaConfig
+    from cutlass_ops.weight_only import GemvMmaConfig
 
     for rt, unroll, mb in itertools.product((1, 2), (2, 4, 8), (1, 2, 3)):
         if rt * unroll > 8:  # weight registers: 16 bytes x 2 halves x row_tiles x unroll <= 128 words
@@ -37,7 +35,7 @@ def mma_configs():
 
 
 def stream_configs():
-    from cutlass_ops.ops.weight_only import StreamConfig
+    from cutlass_ops.weight_only import StreamConfig
 
     for rows, warps, mb in itertools.product((1, 2, 4, 8), (4, 8), (2, 4)):
         yield StreamConfig(rows=rows, warps=warps, min_blocks=mb)
@@ -46,21 +44,22 @@ def stream_configs():
 def _compile(job) -> str:
     from custom_kernels.nvrtc import compile_file
 
-    defines, arch = job
-    compile_file("gemv_weight_only.cu", arch, defines=dict(defines))
-    return str(defines)
+    filename, defines, arch = job
+    compile_file(filename, arch, defines=dict(defines))
+    return f"{filename} {dict(defines)}"
 
 
 def precompile(bits_list, arch: str, jobs: int) -> None:
-    define_sets = set()
+    modules = set()  # (source, defines): gemv_mma.cu per GemvMmaConfig, gemv_stream.cu per StreamConfig
     for bits in bits_list:
         base = (("WO_BITS", bits), ("WO_ELEMENT", 0))
-        for cfg in itertools.chain(mma_configs(), stream_configs()):
-            define_sets.add(tuple(sorted(dict(base, **cfg.defines()).items())))
+        for filename, configs in (("gemv_mma.cu", mma_configs()), ("gemv_stream.cu", stream_configs())):
+            for cfg in configs:
+                modules.add((filename, tuple(sorted(dict(base, **cfg.defines()).items()))))
     with ProcessPoolExecutor(jobs) as pool:
-        for _ in pool.map(_compile, [(d, arch) for d in sorted(define_sets)]):
+        for _ in pool.map(_compile, [(f, d, arch) for f, d in sorted(modules)]):
             pass
-    print(f"compiled {len(define_sets)} variants of gemv_weight_only.cu for sm_{arch}", flush=True)
+    print(f"compiled {len(modules)} variants of gemv_mma.cu / gemv_stream.cu for sm_{arch}", flush=True)
 
 
 def read_floor(sizes_mb, bench_us, bw: float) -> list[str]:
@@ -84,11 +83,12 @@ def main() -> int:
     from _timing import write_report
     from bench_weight_only import Rotating, bench_us, copy_bandwidth, weight_bytes
     from cutlass_ops.formats import quantize_weight
-    from cutlass_ops.ops import weight_only as wo
-    from cutlass_ops.ops._loader import target_arch
+    from custom_kernels.device import target_arch
+    from cutlass_ops import weight_only as wo
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path)
+    p.add_argument("--out", type=Path, help="default: scripts/results/<gpu>/sweep_gemv.md "
+                   "(read_floor.md with --floor-only)")
     p.add_argument("--bits", type=int, nargs="+", default=[4, 8])
     p.add_argument("--jobs", type=int, default=16)
     p.add_argument("--top", type=int, default=4, help="variants per strategy re-timed at M = 8 and 16")
@@ -104,9 +104,7 @@ def main() -> int:
              f"(triton do_bench, L2 flushed; 3 weight copies rotated). % = weight + scale bytes / time / copy BW.", ""]
     lines += read_floor([8.9, 35.7, 124.8], bench_us, bw)
     if args.floor_only:
-        print("\n".join(lines))
-        if args.out:
-            args.out.write_text("\n".join(lines) + "\n")
+        write_report(lines, args.out, "read_floor")
         return 0
     precompile(args.bits, target_arch(), args.jobs)
     best: dict = {}
@@ -173,7 +171,7 @@ def main() -> int:
     lines += ["## Best M = 1 variant per shape", "", "| N | K | bits | strategy | us | config |", "|---|---|---|---|---|---|"]
     for (N, K, bits, strategy), (us, cfg) in sorted(best.items()):
         lines.append(f"| {N} | {K} | {bits} | {strategy} | {us:.1f} | {cfg} |")
-    write_report(lines, args.out)
+    write_report(lines, args.out, "sweep_gemv")
     return 0
 
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Tile tuner for the CUTLASS int8 GEMMs: time candidate tile / stage / cluster configurations
 on the GPU for each kernel generation and M bucket, and store the winners for this GPU as
-``cutlass_ops/tuning/<gpu name>.json`` (read by ``cutlass_ops.gemm`` before default.json).
+``cutlass_ops/tuning/<gpu name>.json`` (read by ``cutlass_ops.cutlass.tuning`` before default.json).
 
     python3 scripts/tune_int8_gemm.py --build-only --target 90   # no GPU: compile the candidates
     python3 scripts/tune_int8_gemm.py                             # on the GPU: time them, write JSON
+                                                                  # (+ scripts/results/<gpu>/tune_int8_gemm.md)
     python3 scripts/tune_int8_gemm.py --buckets medium            # only these buckets' entries
 
 Candidates are timed with the ``dequant`` epilogue (f16 out, the common case) on the shapes of
@@ -23,11 +24,9 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from cutlass_ops.gemm import BUCKETS, TUNING_DIR, _gpu_file_name, alignment_D, target_arch_for  # noqa: E402
-from cutlass_ops.gemm_build import GemmKernelSpec, build, lookup  # noqa: E402
+from cutlass_ops.cutlass.build import build, lookup
+from cutlass_ops.cutlass.spec import GemmKernelSpec
+from cutlass_ops.cutlass.tuning import BUCKETS, TUNING_DIR, alignment_D, gpu_file_name, target_arch_for
 
 COOP, PING, TMA = "TmaWarpSpecializedCooperative", "TmaWarpSpecializedPingpong", "TmaWarpSpecialized"
 CANDIDATES = {
@@ -135,7 +134,7 @@ def choose(timed: list[tuple[float, dict, bool]]) -> dict | None:
 def time_candidate(spec: GemmKernelSpec, bucket: str) -> float:
     import torch
 
-    from cutlass_ops.gemm import Int8Gemm
+    from cutlass_ops.cutlass import Int8Gemm
     from _timing import graph_us
 
     plan = Int8Gemm(spec)
@@ -167,6 +166,8 @@ def main() -> int:
     p.add_argument("--archs", nargs="+", default=list(CANDIDATES), help="kernel generations to tune")
     p.add_argument("--buckets", nargs="+", choices=BUCKETS, default=list(BUCKETS), help="M buckets to tune")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default: tuning/<gpu name>.json)")
+    p.add_argument("--report", type=Path, default=None,
+                   help="the timings table (default: scripts/results/<gpu>/tune_int8_gemm.md)")
     args = p.parse_args()
     candidates = [(cc, bucket, tile) for cc in args.archs for bucket, tiles in CANDIDATES[cc].items()
                   if bucket in args.buckets for tile in tiles]
@@ -185,6 +186,7 @@ def main() -> int:
         return 0
 
     import torch
+    from _timing import write_report
 
     major, minor = torch.cuda.get_device_capability()
     target = f"{major}{minor}"
@@ -218,7 +220,7 @@ def main() -> int:
             lines.append(f"| {cc} | {bucket} | no candidate builds for int8 output: bucket left to default.json | |")
             continue
         result.setdefault(cc, {})[bucket] = entry
-    out = args.out or TUNING_DIR / _gpu_file_name(torch.cuda.get_device_name())
+    out = args.out or TUNING_DIR / gpu_file_name(torch.cuda.get_device_name())
     # Entries not tuned in this run (other generations, buckets; "_source") stay as they were.
     table = json.loads(out.read_text()) if out.is_file() else {}
     for cc, buckets in result.items():
@@ -226,7 +228,7 @@ def main() -> int:
     out.write_text(json.dumps(table, indent=2) + "\n")
     lines += ["", f"winners written to {out} (other entries kept; update its _source by hand)", "```",
               json.dumps(result, indent=2), "```"]
-    print("\n".join(lines))
+    write_report(lines, args.report, "tune_int8_gemm")
     return 0
 
 

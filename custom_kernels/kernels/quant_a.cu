@@ -138,7 +138,7 @@ __device__ __forceinline__ bool warp_item(int rows, int G, int& r, int& g) {
 // One warp per (m, g) (warp_item over M * G items): the same values
 // as quant_a with the reductions done by shuffles alone (no shared memory, no block barrier). The
 // block-per-item launch spent most of its time in tiny blocks: 184 us for 4096 x 8192 fp16 at
-// block 128 on an H100 (scripts/results/...-bench_w8a8-s4-wn.md).
+// block 128 on an H100 (fourth session, see docs/design.md).
 template <typename T>
 __device__ __forceinline__ void quant_a_warp(const T* __restrict__ x, long long lda, int8_t* __restrict__ A_q,
                                              long long ldq, float* __restrict__ scale, float* __restrict__ offset,
