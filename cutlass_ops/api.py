@@ -238,6 +238,17 @@ def _check_int8_operands(A, B, a_name: str, b_name: str) -> None:
                          f"{tuple(A.shape)} vs {tuple(B.shape)}")
 
 
+def _check_out_dtype(out: torch.Tensor, out_dtype, epilogue: str) -> None:
+    """``out``'s dtype is ``out_dtype`` and one the epilogue writes (errors name ``out``)."""
+    import epilogues
+
+    written = [epilogues.OUTPUT_DTYPES[name] for name in epilogues.get(epilogue).output_dtypes]
+    if out.dtype not in written or out.dtype != out_dtype:
+        raise ValueError(f"out has dtype {out.dtype}, but epilogue {epilogue!r} writes "
+                         f"{' or '.join(str(d) for d in written)}"
+                         + (f" and out_dtype={out_dtype}" if out.dtype != out_dtype else ""))
+
+
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the memory spans of two tensors intersect (contiguous spans: what the kernels touch)."""
     if not (a.numel() and b.numel()):
@@ -267,6 +278,7 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch=
             raise TypeError(f"out must be None or a torch.Tensor, got {type(out).__name__}")
         if out_dtype is None:
             out_dtype = out.dtype
+        _check_out_dtype(out, out_dtype, epilogue)
         for name, t in (("A", A), ("B", B)):
             if _overlap(out, t):
                 raise ValueError(f"out overlaps {name} in memory: the kernel would read what it writes")

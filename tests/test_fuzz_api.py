@@ -19,7 +19,6 @@ _spec.loader.exec_module(fuzz_api)
 
 # case -> why it is not caught today (the fix belongs to api.py / formats.py; see the issue-19 report)
 KNOWN_GAPS: dict[str, str] = {
-    "nn-linear-features": "QuantLinear(0, 64) builds a module with K=0 (cutlass_ops.nn checks no feature counts)",
 }
 
 CASES = [pytest.param(c, id=c.name, marks=[pytest.mark.xfail(reason=KNOWN_GAPS[c.name], strict=False)]

@@ -1,7 +1,7 @@
 """Checkpoint importers: each source format written by a small writer that follows the source's
 own packer, imported, and compared with the source's own dequantization (bit for bit in float32;
-in fp16 where the source dequantizes in fp16). Writers and references are transcribed from
-AutoGPTQ (qlinear_cuda_old.pack / forward), AutoAWQ (WQLinear_GEMM.from_linear,
+in fp16 where the source dequantizes in fp16). Writers and references (tests/_quant_writers.py) are
+transcribed from AutoGPTQ (qlinear_cuda_old.pack / forward), AutoAWQ (WQLinear_GEMM.from_linear,
 utils/packing_utils.dequantize_gemm) and compressed-tensors / gguf (their installed packages)."""
 from __future__ import annotations
 
@@ -15,60 +15,12 @@ from cutlass_ops.importers import (
     UnsupportedFormatError, apply_perm, bits_per_weight, from_awq, from_compressed_tensors,
     from_gguf, from_gptq, import_layer, quantization_config,
 )
-
-AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
-
-
-def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same dtype, shape and bit patterns (signed zeros included)."""
-    itype = {torch.float32: torch.int32, torch.float16: torch.int16}[a.dtype]
-    return a.dtype == b.dtype and torch.equal(a.contiguous().view(itype), b.contiguous().view(itype))
-
-
-def fp16_scales(gen, *shape):
-    return (torch.rand(*shape, generator=gen) * 0.05 + 1e-3).half()
+from _quant_writers import (  # noqa: F401 - the writers and references, shared with test_load_quantized.py
+    AWQ_ORDER, awq_reference, bits_equal, fp16_scales, gptq_reference, make_gptq, pack_awq, pack_ct,
+)
 
 
 # ------------------------------------------------------------------------------ GPTQ
-def pack_gptq(intweight, zeros, bits, fmt):
-    """AutoGPTQ's QuantLinear.pack: intweight [K, N] along K, zeros [G, N] along N (v1: z - 1)."""
-    f = 32 // bits
-    iw = intweight.numpy().astype(np.uint32)
-    qweight = np.zeros((iw.shape[0] // f, iw.shape[1]), dtype=np.uint32)
-    for j in range(f):
-        qweight |= iw[j::f] << np.uint32(bits * j)
-    z = (zeros - 1 if fmt == "gptq" else zeros).numpy().astype(np.uint32)
-    qzeros = np.zeros((z.shape[0], z.shape[1] // f), dtype=np.uint32)
-    for j in range(f):
-        qzeros |= z[:, j::f] << np.uint32(bits * j)
-    return torch.from_numpy(qweight.view(np.int32)), torch.from_numpy(qzeros.view(np.int32))
-
-
-def gptq_reference(qweight, qzeros, scales, g_idx, bits, fmt, dtype):
-    """AutoGPTQ's torch dequantization: scales[g_idx] * (weight - zeros[g_idx]), W^T [K, N]."""
-    wf = torch.arange(0, 32, bits, dtype=torch.int32)
-    zeros = (qzeros[:, :, None] >> wf[None, None, :]) & (2 ** bits - 1)
-    zeros = zeros.reshape(qzeros.shape[0], -1) + (1 if fmt == "gptq" else 0)
-    weight = (qweight[:, None, :] >> wf[None, :, None]) & (2 ** bits - 1)
-    weight = weight.reshape(-1, qweight.shape[1])
-    g = g_idx.long()
-    return (scales.to(dtype)[g] * (weight - zeros[g]).to(dtype)).t()  # [N, K]
-
-
-def make_gptq(gen, K, N, bits, gs, fmt, sym, act_order=False):
-    G = K // gs
-    hi = 2 ** bits
-    q = torch.randint(0, hi, (K, N), generator=gen)
-    z = (torch.full((G, N), hi // 2) if sym else
-         torch.randint(1, hi + 1, (G, N), generator=gen) if fmt == "gptq"  # v1 stores z - 1
-         else torch.randint(0, hi, (G, N), generator=gen))
-    g_idx = (torch.arange(K) // gs).int()
-    if act_order:
-        g_idx = g_idx[torch.randperm(K, generator=gen)]
-    qweight, qzeros = pack_gptq(q, z, bits, fmt)
-    return qweight, qzeros, fp16_scales(gen, G, N), g_idx
-
-
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("fmt", ["gptq", "gptq_v2"])
 @pytest.mark.parametrize("sym", [True, False])
@@ -134,25 +86,6 @@ def test_bits_per_weight_g128():
 
 
 # ------------------------------------------------------------------------------ AWQ
-def pack_awq(intweight):
-    """AutoAWQ WQLinear_GEMM.from_linear: int [R, C] packed along C in AWQ_ORDER."""
-    out = torch.zeros(intweight.shape[0], intweight.shape[1] // 8, dtype=torch.int32)
-    for col in range(intweight.shape[1] // 8):
-        for i in range(8):
-            out[:, col] |= intweight[:, col * 8 + AWQ_ORDER[i]].int() << (i * 4)
-    return out
-
-
-def awq_reference(qweight, qzeros, scales, gs):
-    """AutoAWQ packing_utils.dequantize_gemm (unpack_awq + reverse_awq_order), transposed to [N, K]."""
-    shifts = torch.arange(0, 32, 4)
-    iw = (qweight[:, :, None] >> shifts[None, None, :]).to(torch.int8).view(qweight.shape[0], -1)
-    iz = (qzeros[:, :, None] >> shifts[None, None, :]).to(torch.int8).view(qzeros.shape[0], -1)
-    order = torch.arange(iz.shape[-1]).view(-1, 8)[:, [0, 4, 1, 5, 2, 6, 3, 7]].view(-1)
-    iw, iz = iw[:, order] & 15, iz[:, order] & 15
-    return ((iw - iz.repeat_interleave(gs, dim=0)) * scales.repeat_interleave(gs, dim=0)).t()
-
-
 @pytest.mark.parametrize("gs", [32, 128])
 def test_awq_matches_autoawq_dequant(gs):
     gen = torch.Generator().manual_seed(gs)
@@ -177,17 +110,6 @@ def test_awq_refusals():
 
 
 # ------------------------------------------------------------------------------ compressed-tensors
-def pack_ct(q, bits, dim=1):
-    """compressed-tensors pack_to_int32: q + 2^(b-1) packed along ``dim``, low bits first."""
-    f = 32 // bits
-    u = (q.long() + (1 << (bits - 1))).movedim(dim, -1)
-    pad = (-u.shape[-1]) % f
-    u = torch.nn.functional.pad(u, (0, pad)).reshape(*u.shape[:-1], -1, f)
-    words = (u << (torch.arange(f) * bits)).sum(-1)
-    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
-    return words.movedim(-1, dim).contiguous()
-
-
 PACKED = "pack-quantized"
 CT_CASES = [(4, "group", True, PACKED), (4, "group", False, PACKED), (4, "channel", True, PACKED),
             (4, "channel", False, PACKED), (4, "tensor", True, PACKED), (8, "group", False, PACKED),

@@ -125,6 +125,8 @@ def conv2d_weight_only(x: torch.Tensor, qw, bias: torch.Tensor | None = None, st
         if not out.is_contiguous(memory_format=memory_format):
             raise ValueError(f"out must be {'channels_last' if channels_last else 'NCHW'}-contiguous like x")
 
+    if out.numel() == 0:  # batch 0 (or Co 0): nothing to launch
+        return out
     device = x.device.index
     current = current_device()
     if device is None:

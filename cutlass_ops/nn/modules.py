@@ -8,6 +8,11 @@ format). The ``QuantizedWeight`` view over the buffers is built once and again o
 replaced (after ``.to()``, ``.cuda()``); an in-place change (``load_state_dict``) keeps the view and
 the per-weight plan cache notices it.
 
+Act-order (GPTQ desc_act): ``QuantLinear`` may hold a fifth buffer ``perm`` (int64 [K], None when absent):
+the weight is then stored as W[:, perm] so that each quantization group is a contiguous K block, and
+forward gathers ``x.index_select(-1, perm)`` before the kernel (one small gather; differentiable).
+``QuantLinear.from_imported`` builds such a layer from a ``cutlass_ops.importers`` result.
+
 Modes of QuantLinear (``mode=``):
   "weight_only"   W4A16 / W8A16 (scheme 1): ``cutlass_ops.linear``
   "w8a8_block"    W8A8 per K block (scheme 2): ``cutlass_ops.linear_w8a8(path=...)``
@@ -25,7 +30,7 @@ import torch
 from torch import nn
 
 from cutlass_ops import api
-from cutlass_ops._validate import ACTIVATIONS, FLOAT_DTYPES, check_dtype, parse_activation, parse_pair
+from cutlass_ops._validate import ACTIVATIONS, FLOAT_DTYPES, check_dtype, check_int, parse_activation, parse_pair
 from cutlass_ops.formats import QuantizedWeight
 from cutlass_ops.torch_ops import linear_w8a8_channel_impl
 
@@ -118,8 +123,10 @@ class QuantLinear(_QuantModule):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, mode: str = "weight_only",
                  bits: int = 4, block_size: int | None = 128, path: str = "fused", symmetric: bool = True,
-                 activation=None, device=None, dtype=None):
+                 activation=None, act_order: bool = False, device=None, dtype=None):
         super().__init__()
+        check_int(in_features, "in_features", minimum=1)
+        check_int(out_features, "out_features", minimum=1)
         if mode not in LINEAR_MODES:
             raise ValueError(f"mode must be one of {list(LINEAR_MODES)}, got {mode!r}")
         if mode != "weight_only" and bits != 8:
@@ -136,6 +143,62 @@ class QuantLinear(_QuantModule):
         self.symmetric = symmetric
         self.act = parse_activation(activation)
         self._init_buffers(out_features, in_features, bits, block_size or in_features, bias, device, dtype)
+        # act_order: the identity until set_perm / load_state_dict fills it (its shape is fixed here)
+        self.register_buffer("perm", torch.arange(in_features, device=device) if act_order else None)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._buffers.setdefault("perm", None)  # modules pickled before act-order support
+
+    def set_perm(self, perm: torch.Tensor | None) -> None:
+        """Take ``perm`` (a permutation of range(K), int64 [K]; None: no act-order) as the K gather of x."""
+        if perm is not None:
+            if not isinstance(perm, torch.Tensor) or perm.dim() != 1 or perm.numel() != self.K or (
+                    perm.dtype.is_floating_point or perm.dtype == torch.bool):
+                raise ValueError(f"perm must be an integer tensor [K={self.K}], got "
+                                 f"{getattr(perm, 'dtype', type(perm).__name__)} {tuple(getattr(perm, 'shape', ()))}")
+            perm = perm.to(device=self.qweight.device, dtype=torch.long).contiguous()
+            if not torch.equal(torch.sort(perm).values, torch.arange(self.K, device=perm.device)):
+                raise ValueError(f"perm must be a permutation of range(K={self.K})")
+        self._buffers["perm"] = perm
+
+    @classmethod
+    def from_imported(cls, imported, bias: torch.Tensor | None = None, mode: str = "weight_only", *,
+                      path: str = "fused", activation=None) -> "QuantLinear":
+        """A QuantLinear over an importer's result (``cutlass_ops.importers.Imported(weight, perm)``).
+
+        On the weight's device; ``bias`` (float [N], copied; its dtype becomes the layer's) or None.
+        """
+        qw, perm = imported.weight, imported.perm
+        if qw.conv_shape is not None:
+            raise ValueError(f"imported.weight is a conv weight (conv_shape={qw.conv_shape}); QuantLinear needs a "
+                             "linear one")
+        if bias is not None and tuple(bias.shape) != (qw.N,):
+            raise ValueError(f"bias must have shape ({qw.N},) [N], got {tuple(bias.shape)}")
+        q = cls(qw.K, qw.N, bias is not None, mode=mode, bits=qw.bits, block_size=qw.block_size, path=path,
+                symmetric=qw.symmetric, activation=activation, act_order=perm is not None, device=qw.qweight.device,
+                dtype=None if bias is None else bias.dtype)
+        q.set_weight(qw)
+        q.set_perm(perm)
+        if bias is not None:
+            q.bias.copy_(bias.detach())
+        return q
+
+    def _gather(self, x: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+        """x[..., perm]: the activation side of act-order (W_perm's K order); dtypes are checked after."""
+        if x.device != perm.device:
+            raise ValueError(f"x is on {x.device} but the module's weight is on {perm.device}; "
+                             f"move the module with .to({x.device.type!r})")
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"x must have shape [..., K] with K={self.in_features} (in_features), got "
+                             f"{tuple(x.shape)}")
+        return x.index_select(-1, perm)
+
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The dequantized float weight in nn.Linear's K order (act-order undone), in ``dtype``."""
+        w = super().dequantize(dtype)
+        perm = self.perm
+        return w if perm is None else w.index_select(1, torch.argsort(perm))
 
     @classmethod
     def from_float(cls, module: nn.Linear, config) -> "QuantLinear":
@@ -155,6 +218,9 @@ class QuantLinear(_QuantModule):
         return q
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        perm = self.perm
+        if perm is not None:  # act-order: gather x's K columns into the weight's order
+            x = self._gather(x, perm)
         if x.is_cuda and not torch.compiler.is_compiling():
             if self.mode == "weight_only":
                 return api.linear(x, self.weight(), self.bias, self.act)
@@ -179,14 +245,16 @@ class QuantLinear(_QuantModule):
         """The constructor arguments that rebuild this module (``from_spec``), as plain data."""
         return {"kind": "QuantLinear", "in_features": self.in_features, "out_features": self.out_features,
                 "bias": self.bias is not None, "mode": self.mode, "bits": self.bits, "block_size": self.block_size,
-                "path": self.path, "symmetric": self.symmetric, "activation": _ACT_NAMES[self.act]}
+                "path": self.path, "symmetric": self.symmetric, "activation": _ACT_NAMES[self.act],
+                **({"act_order": True} if self.perm is not None else {})}
 
     def extra_repr(self) -> str:
         what = {"weight_only": f"W{self.bits}A16", "w8a8_block": f"W8A8 per K block, path={self.path}",
                 "w8a8_channel": "W8A8 per channel x per token"}[self.mode]
         block = "per channel" if self.block_size == self.K else f"block_size={self.block_size}"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"{what}, {block}{'' if self.symmetric else ', asymmetric'}{self._act_repr()}")
+                f"{what}, {block}{'' if self.symmetric else ', asymmetric'}{self._act_repr()}"
+                f"{', act_order' if self.perm is not None else ''}")
 
 
 class QuantConv2d(_QuantModule):
@@ -196,6 +264,8 @@ class QuantConv2d(_QuantModule):
                  bias: bool = True, *, bits: int = 4, block_size: int | None = None, symmetric: bool = True,
                  activation=None, device=None, dtype=None):
         super().__init__()
+        check_int(in_channels, "in_channels", minimum=1)
+        check_int(out_channels, "out_channels", minimum=1)
         Kh, Kw = parse_pair(kernel_size, "kernel_size", 1)
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, (Kh, Kw)
         self.stride = parse_pair(stride, "stride", 1)

@@ -21,7 +21,6 @@ pytestmark = pytest.mark.gpu
 KNOWN_GAPS = {
     "gemm-dequant-col-nan": "per-call epilogue inputs are not checked for NaN (a check costs a sync per call)",
     "requant-M_scale-nan": "per-call epilogue inputs are not checked for NaN (a check costs a sync per call)",
-    "nn-linear-features": "QuantLinear(0, 64) builds a module with K=0",
 }
 
 
