@@ -23,7 +23,12 @@ from cutlass_ops import torch_ops  # noqa: F401  (registers torch.ops.cutlass_op
 from cutlass_ops.formats import (
     QuantizedWeight, quantize_activation_reference, quantize_conv_weight, quantize_weight,
 )
+from cutlass_ops import plan_cache
 from cutlass_ops.w8a8 import PATHS as W8A8_PATHS  # the family's own list (importing it loads no GPU code)
+
+# The function object itself: Dynamo knows it (True while tracing), and a module-level name saves
+# the attribute lookups on the eager per-call path.
+_is_compiling = torch.compiler.is_compiling
 
 __all__ = [
     "QuantizedWeight", "quantize_weight", "quantize_conv_weight", "quantize_activation", "linear",
@@ -41,20 +46,20 @@ def _require_gpu(function: str) -> None:
 
 
 def _check_qw(qw, name: str = "qw") -> QuantizedWeight:
-    if not isinstance(qw, QuantizedWeight):
+    if qw.__class__ is not QuantizedWeight and not isinstance(qw, QuantizedWeight):
         raise TypeError(f"{name} must be a QuantizedWeight (see cutlass_ops.quantize_weight), "
                         f"got {type(qw).__name__}")
-    if torch.compiler.is_compiling():  # checked once, while tracing (no cache on the traced object)
+    if _is_compiling():  # checked once, while tracing (no cache on the traced object)
         qw.validate()
         return qw
-    # The dataclass is mutable: re-check its fields whenever one was reassigned since the last
-    # check (validating costs ~6 us; a per-call check at M=1 would double the host time).
-    fields = (qw.qweight, qw.scale, qw.offset, qw.bits, qw.block_size, qw.N, qw.K, qw.conv_shape)
-    seen = qw.__dict__.get("_validated_fields")
-    if seen is None or len(seen) != len(fields) or any(a is not b for a, b in zip(seen, fields)):
+    # The dataclass is mutable: validate (~6 us, and a sync for the finite check) only when a field
+    # changed since the last check. The weight's plan_cache entry follows its tensors (identity,
+    # address, in-place version) and remembers the other fields it was validated with.
+    fields = (qw.bits, qw.block_size, qw.N, qw.K, qw.conv_shape)
+    entry = plan_cache.entry(qw)
+    if entry.validated != fields:
         qw.validate()
-        qw.__dict__["_validated_fields"] = (qw.qweight, qw.scale, qw.offset, qw.bits, qw.block_size, qw.N,
-                                            qw.K, qw.conv_shape)
+        entry.validated = (qw.bits, qw.block_size, qw.N, qw.K, qw.conv_shape)
     return qw
 
 
@@ -87,7 +92,7 @@ def _check_devices(function: str, primary_name: str, primary: torch.Tensor,
 def _through_op(x: torch.Tensor, bias, qw=None) -> bool:
     """True when the call must go through its custom op: while torch.compile traces, or when autograd
     must record it (an input, the bias, or - to raise there - the weight's scale/offset requires grad)."""
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         return True
     if not torch.is_grad_enabled():
         return False
@@ -130,7 +135,7 @@ def quantize_activation(x: torch.Tensor, block_size: int | None = None):
     check_ndim(x, "x", 2, "[M, K]")
     block_size = check_block_size(block_size, x.shape[1])
     _no_grad_inputs("quantize_activation", {"x": x})
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         return torch.ops.cutlass_ops.quantize_activation(x, block_size)
     if x.device.type == "cpu":
         return quantize_activation_reference(x, block_size)
@@ -289,7 +294,7 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch=
     # The epilogue's tensors (type, size, contiguity, device) are checked per input by the plan.
     if epilogue_args and torch.is_grad_enabled():
         _no_grad_inputs("int8_gemm", epilogue_args)
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         return _int8_gemm_op(A, B, epilogue, arch, out_dtype, out, epilogue_args)
     return (_gemm_int8_gemm or _gemm_impl())(A.contiguous(), B.contiguous(), epilogue, arch, out_dtype, out,
                                              epilogue_args, device)
@@ -315,7 +320,7 @@ def int8_gemm_requant(A_q: torch.Tensor, W_q: torch.Tensor, M_scale: torch.Tenso
     _check_devices("int8_gemm_requant", "A_q", A_q,
                    {"W_q": W_q, "M_scale": M_scale, "fused_bias": fused_bias})
     _no_grad_inputs("int8_gemm_requant", {"M_scale": M_scale, "fused_bias": fused_bias})
-    if torch.compiler.is_compiling():
+    if _is_compiling():
         return torch.ops.cutlass_ops.int8_gemm_requant(A_q, W_q, M_scale, fused_bias, lo, hi,
                                                        None if arch is None else str(arch))
     from cutlass_ops.cutlass import int8_gemm_requant as _impl

@@ -83,7 +83,6 @@ def _with(qw, **fields):
     """A copy of ``qw`` with fields replaced behind validate()'s back (as a user mutating it would)."""
     out = object.__new__(type(qw))
     out.__dict__.update(qw.__dict__)
-    out.__dict__.pop("_validated_fields", None)
     out.__dict__.update(fields)
     return out
 
