@@ -12,7 +12,6 @@ verdict) to ``scripts/results/<gpu>/fuzz_api.md``:
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -229,9 +228,7 @@ def _module_cases(device: str, v: dict) -> list[Case]:
 
 
 def main() -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _timing import table, write_report
+    from _timing import table, write_report  # scripts/ is on sys.path when this file runs as a script
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)

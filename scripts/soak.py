@@ -22,10 +22,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _timing import table, write_report  # noqa: E402
+from _timing import table, write_report
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
