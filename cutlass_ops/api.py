@@ -243,15 +243,22 @@ def _check_int8_operands(A, B, a_name: str, b_name: str) -> None:
                          f"{tuple(A.shape)} vs {tuple(B.shape)}")
 
 
+_OUT_DTYPES_OK: set = set()  # (epilogue, out.dtype, out_dtype) already checked by _check_out_dtype
+
+
 def _check_out_dtype(out: torch.Tensor, out_dtype, epilogue: str) -> None:
     """``out``'s dtype is ``out_dtype`` and one the epilogue writes (errors name ``out``)."""
+    key = (epilogue, out.dtype, out_dtype)
+    if key in _OUT_DTYPES_OK:
+        return
     import epilogues
 
     written = [epilogues.OUTPUT_DTYPES[name] for name in epilogues.get(epilogue).output_dtypes]
     if out.dtype not in written or out.dtype != out_dtype:
-        raise ValueError(f"out has dtype {out.dtype}, but epilogue {epilogue!r} writes "
-                         f"{' or '.join(str(d) for d in written)}"
-                         + (f" and out_dtype={out_dtype}" if out.dtype != out_dtype else ""))
+        raise ValueError(f"out must have dtype {' or '.join(str(d) for d in written)} (what epilogue "
+                         f"{epilogue!r} writes)" + (f" and equal to out_dtype={out_dtype}" if out.dtype != out_dtype
+                                                    else "") + f", got {out.dtype}")
+    _OUT_DTYPES_OK.add(key)
 
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:

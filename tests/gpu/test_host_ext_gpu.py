@@ -91,7 +91,7 @@ def test_errors_are_the_python_paths_after_registration():
         cutlass_ops.int8_gemm(A, B, "dequant", **{**inputs, "scale_col": torch.ones(N + 8, device="cuda")})
     with pytest.raises(TypeError, match="unexpected"):
         cutlass_ops.int8_gemm(A, B, "dequant", **inputs, shift=torch.ones(N, device="cuda"))
-    with pytest.raises(ValueError, match="out must be"):
+    with pytest.raises(ValueError, match="out must"):
         cutlass_ops.int8_gemm(A, B, "dequant", out=torch.empty(M, N, dtype=torch.float32, device="cuda"),
                               out_dtype=torch.float16, **inputs)
     with pytest.raises(ValueError, match="16-byte"):
