@@ -263,10 +263,11 @@ def _check_out_dtype(out: torch.Tensor, out_dtype, epilogue: str) -> None:
 
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the memory spans of two tensors intersect (contiguous spans: what the kernels touch)."""
-    if not (a.numel() and b.numel()):
+    a_bytes, b_bytes = a.nbytes, b.nbytes
+    if not (a_bytes and b_bytes):
         return False
     a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+    return a0 < b0 + b_bytes and b0 < a0 + a_bytes
 
 
 def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch=None, out_dtype=None,
@@ -300,7 +301,9 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch=
                                                          if isinstance(v, torch.Tensor)}})
     # The epilogue's tensors (type, size, contiguity, device) are checked per input by the plan.
     if epilogue_args and torch.is_grad_enabled():
-        _no_grad_inputs("int8_gemm", epilogue_args)
+        for value in epilogue_args.values():
+            if value.__class__ is torch.Tensor and value.requires_grad:
+                _no_grad_inputs("int8_gemm", epilogue_args)  # raises, naming the input
     if _is_compiling():
         return _int8_gemm_op(A, B, epilogue, arch, out_dtype, out, epilogue_args)
     return (_gemm_int8_gemm or _gemm_impl())(A.contiguous(), B.contiguous(), epilogue, arch, out_dtype, out,
