@@ -159,3 +159,14 @@ def check_conv_operands(x: torch.Tensor, qw, allowed: tuple) -> tuple[int, int, 
     if x.shape[1] != Ci:
         raise ValueError(f"x must have Ci={Ci} channels (dim 1) to match qw, got shape {tuple(x.shape)}")
     return Co, Kh, Kw, Ci
+
+
+def check_int8_operands(A, B, a_name: str, b_name: str) -> None:
+    """int8 A [M, K] and B [N, K] with the same K (errors name the operands)."""
+    check_dtype(A, a_name, (torch.int8,))
+    check_dtype(B, b_name, (torch.int8,))
+    check_ndim(A, a_name, 2, "[M, K]")
+    check_ndim(B, b_name, 2, "[N, K]")
+    if A.shape[1] != B.shape[1]:
+        raise ValueError(f"{a_name} [M, K] and {b_name} [N, K] disagree on K: "
+                         f"{tuple(A.shape)} vs {tuple(B.shape)}")

@@ -17,7 +17,7 @@ import torch
 
 from cutlass_ops._validate import (
     FLOAT_DTYPES, check_block_size, check_conv_operands, check_cuda, check_dtype, check_int, check_ndim, check_same_device,
-    check_shape, check_choice, parse_activation, parse_pair,
+    check_int8_operands, check_shape, check_choice, parse_activation, parse_pair,
 )
 from cutlass_ops import torch_ops  # noqa: F401  (registers torch.ops.cutlass_ops.*)
 from cutlass_ops.formats import (
@@ -233,16 +233,6 @@ def _gemm_impl():
 _gemm_int8_gemm = None
 
 
-def _check_int8_operands(A, B, a_name: str, b_name: str) -> None:
-    check_dtype(A, a_name, (torch.int8,))
-    check_dtype(B, b_name, (torch.int8,))
-    check_ndim(A, a_name, 2, "[M, K]")
-    check_ndim(B, b_name, 2, "[N, K]")
-    if A.shape[1] != B.shape[1]:
-        raise ValueError(f"{a_name} [M, K] and {b_name} [N, K] disagree on K: "
-                         f"{tuple(A.shape)} vs {tuple(B.shape)}")
-
-
 _OUT_DTYPES_OK: set = set()  # (epilogue, out.dtype, out_dtype) already checked by _check_out_dtype
 
 
@@ -279,7 +269,7 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch=
     # Inline checks first (host time per call matters here); the helpers give the precise errors.
     if not (A.__class__ is torch.Tensor and B.__class__ is torch.Tensor and A.dtype is torch.int8
             and B.dtype is torch.int8 and A.dim() == 2 and B.dim() == 2 and A.shape[1] == B.shape[1]):
-        _check_int8_operands(A, B, "A", "B")
+        check_int8_operands(A, B, "A", "B")
     if epilogue.__class__ is not str or not epilogue:
         raise TypeError(f"epilogue must be a non-empty str naming a registered epilogue, got {epilogue!r}")
     if arch is not None:
@@ -316,7 +306,7 @@ def int8_gemm_requant(A_q: torch.Tensor, W_q: torch.Tensor, M_scale: torch.Tenso
 
     M_scale and fused_bias: float32 [N] (see ``formats.requant_params``).
     """
-    _check_int8_operands(A_q, W_q, "A_q", "W_q")
+    check_int8_operands(A_q, W_q, "A_q", "W_q")
     N = W_q.shape[0]
     for name, t in (("M_scale", M_scale), ("fused_bias", fused_bias)):
         check_dtype(t, name, (torch.float32,))

@@ -309,12 +309,18 @@ def quantize_activation_reference(x: torch.Tensor, block_size: int | None = None
     """
     check_dtype(x, "x", FLOAT_DTYPES)
     check_ndim(x, "x", 2, "[M, K]")
-    M, K = x.shape
-    block_size = check_block_size(block_size, K)
-    G = K // block_size
-    xb = x.to(torch.float32).reshape(M, G, block_size)
-    if xb.numel() and not bool(torch.isfinite(xb).all()):
+    block_size = check_block_size(block_size, x.shape[1])
+    if x.numel() and not bool(torch.isfinite(x).all()):
         raise ValueError("x contains NaN or Inf")
+    return quant_a_blocks(x, block_size)
+
+
+def quant_a_blocks(x2d: torch.Tensor, block_size: int):
+    """The arithmetic of :func:`quantize_activation_reference` without its checks, on x's device
+    (the GPU path's torch fallback shares it, so the two are bit-identical)."""
+    M, K = x2d.shape
+    G = K // block_size
+    xb = x2d.to(torch.float32).reshape(M, G, block_size)
     x_max, x_min = xb.amax(dim=-1), xb.amin(dim=-1)
     # Tensor / tensor division: torch's CPU scalar-division path may multiply by a reciprocal.
     scale = (x_max - x_min) / torch.full_like(x_max, 255.0)
@@ -322,10 +328,9 @@ def quantize_activation_reference(x: torch.Tensor, block_size: int | None = None
     zero_range = scale == 0
     scale = torch.where(zero_range, torch.ones_like(scale), scale)
     offset = torch.where(zero_range, x_max, offset)
-    q = torch.round((xb - offset[..., None]) / scale[..., None]).clamp(-128, 127)
-    A_q = q.to(torch.int8).reshape(M, K)
-    sum_q = q.to(torch.int32).sum(dim=-1, dtype=torch.int32)
-    return A_q, scale, offset, sum_q
+    q = torch.round((xb - offset[..., None]) / scale[..., None]).clamp_(-128, 127).to(torch.int8)
+    sum_q = q.sum(dim=-1, dtype=torch.int32)
+    return q.reshape(M, K), scale, offset, sum_q
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from cutlass_ops._validate import (
-    FLOAT_DTYPES, check_conv_operands, check_dtype, check_int, check_ndim, check_shape, parse_activation, parse_pair,
+    FLOAT_DTYPES, check_conv_operands, check_dtype, check_int, check_int8_operands, check_shape,
+    parse_activation, parse_pair,
 )
 from cutlass_ops.formats import QuantizedWeight, quantize_activation_reference
 
@@ -73,16 +74,6 @@ def conv2d_reference(x: torch.Tensor, qw: QuantizedWeight, bias=None, stride=1, 
     return apply_activation(y, activation)
 
 
-def _int8_operands(A: torch.Tensor, B: torch.Tensor, a_name: str, b_name: str) -> None:
-    check_dtype(A, a_name, (torch.int8,))
-    check_dtype(B, b_name, (torch.int8,))
-    check_ndim(A, a_name, 2, "[M, K]")
-    check_ndim(B, b_name, 2, "[N, K]")
-    if A.shape[1] != B.shape[1]:
-        raise ValueError(f"{a_name} [M, K] and {b_name} [N, K] disagree on K: "
-                         f"{tuple(A.shape)} vs {tuple(B.shape)}")
-
-
 def _exact_int_mm(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     """A [M, K] @ B[N, K]^T in int64 (exact for |products sum| < 2^63)."""
     return A.to(torch.int64) @ B.to(torch.int64).T
@@ -93,7 +84,7 @@ def int8_gemm_reference(A_q: torch.Tensor, B_q: torch.Tensor) -> torch.Tensor:
 
     ValueError if a result does not fit int32 (the GPU accumulator would wrap).
     """
-    _int8_operands(A_q, B_q, "A_q", "B_q")
+    check_int8_operands(A_q, B_q, "A_q", "B_q")
     C = _exact_int_mm(A_q, B_q)
     if C.numel() and (int(C.min()) < _INT32_MIN or int(C.max()) > _INT32_MAX):
         raise ValueError(f"the int8 GEMM result overflows int32 (K={A_q.shape[1]})")
@@ -107,7 +98,7 @@ def requant_gemm_reference(A_q: torch.Tensor, W_q: torch.Tensor, M: torch.Tensor
     Accum32 = A_q @ W_q^T exactly; M and FusedBias ([N], from ``formats.requant_params``) are
     used in float64 at their stored values.
     """
-    _int8_operands(A_q, W_q, "A_q", "W_q")
+    check_int8_operands(A_q, W_q, "A_q", "W_q")
     N = W_q.shape[0]
     for name, t in (("M", M), ("fused_bias", fused_bias)):
         check_dtype(t, name, (torch.float32, torch.float64))

@@ -76,6 +76,16 @@ def check_float(t, name: str) -> torch.Tensor:
     return t
 
 
+def check_packed(qweight, qzeros, scales) -> None:
+    """The three tensors of a GPTQ / AWQ layer: int32 packed qweight and qzeros, float scales, 2-D."""
+    check_int32(qweight, "qweight")
+    check_int32(qzeros, "qzeros")
+    check_float(scales, "scales")
+    for name, t in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+
+
 def check_2d(t: torch.Tensor, name: str, expected: tuple, layout: str) -> torch.Tensor:
     if tuple(t.shape) != tuple(expected):
         raise ValueError(f"{name} must have shape {tuple(expected)} {layout}, got {tuple(t.shape)}")

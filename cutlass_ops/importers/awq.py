@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from cutlass_ops.importers._common import (
-    Imported, UnsupportedFormatError, build_weight, check_2d, check_float, check_int32,
+    Imported, UnsupportedFormatError, build_weight, check_2d, check_packed,
     resolve_group_size, unpack_words, zero_point_offset,
 )
 
@@ -38,12 +38,7 @@ def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, 
     if bits != 4:
         raise UnsupportedFormatError(f"bits={bits!r} is not supported: AWQ import handles the "
                                      "4-bit GEMM layout only")
-    check_int32(qweight, "qweight")
-    check_int32(qzeros, "qzeros")
-    check_float(scales, "scales")
-    for name, t in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
-        if t.dim() != 2:
-            raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+    check_packed(qweight, qzeros, scales)
     K, N = qweight.shape[0], qweight.shape[1] * 8
     group_size = resolve_group_size(group_size, K)
     G = K // group_size

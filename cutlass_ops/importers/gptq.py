@@ -28,7 +28,7 @@ import torch
 
 from cutlass_ops.importers._common import (
     Imported, UnsupportedFormatError, act_order_perm, build_weight, check_2d, check_bits,
-    check_float, check_int32, resolve_group_size, unpack_words, zero_point_offset,
+    check_packed, resolve_group_size, unpack_words, zero_point_offset,
 )
 
 CHECKPOINT_FORMATS = ("gptq", "gptq_v2")
@@ -49,12 +49,7 @@ def _check_args(qweight, qzeros, scales, bits, group_size, checkpoint_format):
         raise UnsupportedFormatError(
             f"checkpoint_format must be one of {list(CHECKPOINT_FORMATS)}, got {checkpoint_format!r}")
     bits = check_bits(bits, "bits", source="GPTQ")
-    check_int32(qweight, "qweight")
-    check_int32(qzeros, "qzeros")
-    check_float(scales, "scales")
-    for name, t in (("qweight", qweight), ("qzeros", qzeros), ("scales", scales)):
-        if t.dim() != 2:
-            raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+    check_packed(qweight, qzeros, scales)
     f = 32 // bits
     K, N = qweight.shape[0] * f, qweight.shape[1]
     if N % f != 0:

@@ -16,6 +16,7 @@ import torch
 
 from cutlass_ops import plan_cache
 from cutlass_ops._validate import check_dtype, check_ndim, check_shape, parse_activation
+from cutlass_ops.formats import quant_a_blocks
 from custom_kernels.device import capability, on_device, target_arch
 from custom_kernels.launch import I32, KernelArgs, Ptr, TensorMap, load_kernel
 
@@ -53,22 +54,11 @@ def quantize_activation_torch(x2d: torch.Tensor, block_size: int):
     """QuantA with torch ops on x's device: (A_q int8 [M,K], scale f32 [M,G], offset f32 [M,G], sum_q int32 [M,G]).
 
     The same IEEE-rounded float32 operations, in the same order, as
-    ``formats.quantize_activation_reference`` (so the results are bit-identical to it):
+    ``formats.quantize_activation_reference`` (its arithmetic, ``formats.quant_a_blocks``):
     scale = (max - min) / 255, offset = max - scale * 127, zero-range blocks get scale 1 and
     offset max, q = clamp(round_half_even((x - offset) / scale), -128, 127).
     """
-    M, K = x2d.shape
-    G = K // block_size
-    xb = x2d.to(torch.float32).reshape(M, G, block_size)
-    x_max, x_min = xb.amax(dim=-1), xb.amin(dim=-1)
-    scale = (x_max - x_min) / torch.full_like(x_max, 255.0)
-    offset = x_max - scale * 127.0
-    zero_range = scale == 0
-    scale = torch.where(zero_range, torch.ones_like(scale), scale)
-    offset = torch.where(zero_range, x_max, offset)
-    q = torch.round((xb - offset[..., None]) / scale[..., None]).clamp_(-128, 127).to(torch.int8)
-    sum_q = q.sum(dim=-1, dtype=torch.int32)
-    return q.reshape(M, K), scale, offset, sum_q
+    return quant_a_blocks(x2d, block_size)
 
 
 def _check_block_size(block_size: int, K: int) -> None:
