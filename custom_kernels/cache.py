@@ -14,6 +14,14 @@ file whose hash does not match is rebuilt with a warning, never loaded. A file w
 caller's ``validate`` (:func:`looks_like_elf` for cubins and shared libraries), hashed, and its
 sidecar written (kept in memory only when the cache is read-only); one that fails the check is
 rebuilt. Each build logs ``built <entry>`` on the ``custom_kernels.cache`` logger at INFO.
+
+Shipped kernels: before the user cache, :func:`get_or_build` consults a read-only *prebuilt* tree
+with the same layout and keys (:func:`prebuilt_root`: ``$CUTLASS_OPS_PREBUILT_DIR``, else the
+``prebuilt/`` directory inside this package, filled by ``scripts/build_wheel.py``). A prebuilt
+file is used only with a matching sha256 sidecar (no adoption); a mismatch or a missing sidecar
+is ignored with a warning and the user cache / JIT compile used instead. Nothing is ever written
+there at run time. An entry found in neither place logs ``not in the shipped kernels: compiling
+<entry>`` at INFO before it is compiled.
 """
 from __future__ import annotations
 
@@ -26,10 +34,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-__all__ = ["ENV_VAR", "cache_root", "cache_dir", "content_key", "atomic_write", "publish", "load", "verify",
+__all__ = ["ENV_VAR", "PREBUILT_ENV_VAR", "cache_root", "prebuilt_root", "prebuilt_path", "load_prebuilt",
+           "cache_dir", "content_key", "atomic_write", "publish", "load", "verify",
            "entry_lock", "get_or_build", "looks_like_elf", "sidecar_path"]
 
 ENV_VAR = "CUTLASS_OPS_CACHE_DIR"
+PREBUILT_ENV_VAR = "CUTLASS_OPS_PREBUILT_DIR"
+PACKAGE_PREBUILT = Path(__file__).resolve().parent / "prebuilt"
 DIR_MODE = 0o700
 LOCK_TIMEOUT_S = 1800.0  # a CUTLASS build takes minutes; a dead holder's flock is released by the kernel
 
@@ -52,6 +63,26 @@ def cache_root() -> Path:
             base = str(Path.home() / ".cache")
         return (Path(base) / "cutlass_ops").resolve()
     return Path(platformdirs.user_cache_dir("cutlass_ops")).expanduser().resolve()
+
+
+def prebuilt_root() -> Path:
+    """The read-only tree of shipped kernels: ``$CUTLASS_OPS_PREBUILT_DIR`` or the package's ``prebuilt/``."""
+    override = os.environ.get(PREBUILT_ENV_VAR)
+    if override:
+        path = Path(override).expanduser()
+        if not path.is_absolute():
+            raise ValueError(f"{PREBUILT_ENV_VAR} must be an absolute path, got {override!r}")
+        return path.resolve()
+    return PACKAGE_PREBUILT
+
+
+def prebuilt_path(path: Path) -> Path | None:
+    """Where the cache file ``path`` (under :func:`cache_root`) would be in the prebuilt tree, or None."""
+    try:
+        rel = Path(path).relative_to(cache_root())
+    except ValueError:
+        return None
+    return prebuilt_root() / rel
 
 
 def _mkdir(path: Path) -> None:
@@ -152,8 +183,9 @@ def _remember(path: Path, digest: str) -> None:
         _verified[str(path)] = (st.st_ino, st.st_size, st.st_mtime_ns, digest)
 
 
-def _check(path: Path, data: bytes | None, st: os.stat_result, validate, warn: bool) -> bool:
-    """Whether the file at ``path`` (its bytes ``data``, read from the file ``st`` describes) is whole."""
+def _check(path: Path, data: bytes | None, st: os.stat_result, validate, warn: bool, readonly: bool = False) -> bool:
+    """Whether the file at ``path`` (its bytes ``data``, read from the file ``st`` describes) is whole.
+    ``readonly`` (the prebuilt tree): the sidecar must exist and match; nothing is written."""
     known = _verified.get(str(path))
     if known is not None and known[:3] == (st.st_ino, st.st_size, st.st_mtime_ns):
         return True
@@ -165,7 +197,13 @@ def _check(path: Path, data: bytes | None, st: os.stat_result, validate, warn: b
         expected = sidecar.read_text().strip()
     except FileNotFoundError:
         expected = None
-    if expected is not None:
+    if readonly:
+        if expected != digest:
+            if warn:
+                why = "has no sha256 sidecar" if expected is None else "does not match its sha256"
+                log.warning("shipped kernel %s %s: ignoring it", path, why)
+            return False
+    elif expected is not None:
         if expected != digest:
             if warn:
                 log.warning("cache entry %s does not match its sha256 (corrupted or truncated): rebuilding it", path)
@@ -185,24 +223,37 @@ def _check(path: Path, data: bytes | None, st: os.stat_result, validate, warn: b
     return True
 
 
-def load(path: Path, validate: Callable[[bytes], bool] | None = None, *, warn: bool = True) -> bytes | None:
-    """The bytes of the cache file ``path`` if present and whole (see the module docstring), else None."""
+def load(path: Path, validate: Callable[[bytes], bool] | None = None, *, warn: bool = True,
+         readonly: bool = False) -> bytes | None:
+    """The bytes of the cache file ``path`` if present and whole (see the module docstring), else None.
+    ``readonly``: a prebuilt file (sidecar required, nothing written)."""
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
             data = f.read()
     except FileNotFoundError:
         return None
-    return data if _check(path, data, st, validate, warn) else None
+    return data if _check(path, data, st, validate, warn, readonly) else None
 
 
-def verify(path: Path, validate: Callable[[bytes], bool] | None = None, *, warn: bool = True) -> bool:
+def verify(path: Path, validate: Callable[[bytes], bool] | None = None, *, warn: bool = True,
+           readonly: bool = False) -> bool:
     """Whether the cache file ``path`` (loaded by someone else by its path: dlopen) is present and whole."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return False
-    return _check(path, None, st, validate, warn)
+    return _check(path, None, st, validate, warn, readonly)
+
+
+def load_prebuilt(path: Path, validate: Callable[[bytes], bool] | None = None) -> tuple[bytes, Path] | None:
+    """(bytes, prebuilt path) of the shipped copy of cache file ``path`` if present and whole, else None
+    (a damaged copy is ignored with a warning)."""
+    shipped = prebuilt_path(path)
+    if shipped is None:
+        return None
+    data = load(shipped, validate, readonly=True)
+    return None if data is None else (data, shipped)
 
 
 _thread_locks: dict[str, threading.Lock] = {}
@@ -223,9 +274,13 @@ def entry_lock(entry: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
 
 def get_or_build(path: Path, build: Callable[[], bytes], validate: Callable[[bytes], bool] | None = None,
                  *, force: bool = False) -> tuple[bytes, bool]:
-    """(the bytes of cache file ``path``, whether they came from the cache): loaded and verified,
-    or built by ``build()`` and published under the entry's lock (re-checked once it is held)."""
+    """(the bytes of cache file ``path``, whether they came from the cache): the shipped copy
+    (:func:`load_prebuilt`), else loaded and verified, else built by ``build()`` and published under
+    the entry's lock (re-checked once it is held)."""
     if not force:
+        shipped = load_prebuilt(path, validate)
+        if shipped is not None:
+            return shipped[0], True
         data = load(path, validate, warn=False)  # a mismatch may be a publish in progress: decide under the lock
         if data is not None:
             return data, True
@@ -234,6 +289,7 @@ def get_or_build(path: Path, build: Callable[[], bytes], validate: Callable[[byt
             data = load(path, validate)
             if data is not None:
                 return data, True
+            log.info("not in the shipped kernels: compiling %s", path.name)
         data = build()
         publish(path, data)
     log.info("built %s", path.name)

@@ -18,10 +18,16 @@ adopted (cubin and host library checked to be whole ELF files, meta to parse), n
 The key of a kernel directory (:func:`content_key_of`) covers the emitted sources, the nvcc flags,
 the nvcc version and the target arch. The meta's argument layout (:mod:`.arguments`) lets
 :mod:`.kernel` fill the ``Arguments`` struct at run time without the interface.
+
+:func:`lookup` first consults the shipped kernels (``cutlass/index`` and ``cutlass/kernels`` under
+:func:`custom_kernels.cache.prebuilt_root`, same layout, sidecars required, never written), then
+the user cache; a kernel found in neither is emitted and compiled, which needs the ``cutlass``
+extra (``pip install cutlass-ops[cutlass]``) and nvcc; loading a built one needs neither.
 """
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import logging
 import shutil
@@ -72,14 +78,15 @@ class GemmArtifact:
         return self.directory / "host.so"
 
     @classmethod
-    def load(cls, directory: Path, warn: bool = True) -> "GemmArtifact | None":
-        """The artifact in ``directory`` if it is complete and every file matches its sha256, else None."""
-        meta_bytes = cache.load(directory / "meta.json", _parses_as_json, warn=warn)
+    def load(cls, directory: Path, warn: bool = True, readonly: bool = False) -> "GemmArtifact | None":
+        """The artifact in ``directory`` if it is complete and every file matches its sha256, else None
+        (``readonly``: a shipped kernel, see :func:`custom_kernels.cache.load`)."""
+        meta_bytes = cache.load(directory / "meta.json", _parses_as_json, warn=warn, readonly=readonly)
         if meta_bytes is None:
             return None
         art = cls(directory, json.loads(meta_bytes))
-        if not (cache.verify(art.cubin_path, cache.looks_like_elf, warn=warn)
-                and cache.verify(art.host_path, cache.looks_like_elf, warn=warn)):
+        if not (cache.verify(art.cubin_path, cache.looks_like_elf, warn=warn, readonly=readonly)
+                and cache.verify(art.host_path, cache.looks_like_elf, warn=warn, readonly=readonly)):
             return None
         return art
 
@@ -92,14 +99,36 @@ def _parses_as_json(data: bytes) -> bool:
     return True
 
 
-def lookup(spec: GemmKernelSpec) -> GemmArtifact | None:
-    """The built kernel of ``spec`` from the index, or None. Imports no CUTLASS, runs no nvcc."""
-    entry = cache_dir("cutlass", "index") / f"{spec.index_key()}.json"
+def _indexed_directory(root: Path, index_key: str) -> Path | None:
+    """The kernel directory ``root/cutlass/index/<index_key>.json`` names, or None if absent or damaged."""
     try:
-        name = json.loads(entry.read_bytes())["directory"]
-    except (FileNotFoundError, ValueError, KeyError, TypeError):  # absent or damaged: build() rewrites it
+        name = json.loads((root / "cutlass" / "index" / f"{index_key}.json").read_bytes())["directory"]
+    except (FileNotFoundError, NotADirectoryError, ValueError, KeyError, TypeError):
         return None
-    return GemmArtifact.load(cache_dir("cutlass", "kernels") / name, warn=False)  # build() warns under its lock
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+        return None  # an index entry names a directory beside the others, nothing else
+    return root / "cutlass" / "kernels" / name
+
+
+def lookup(spec: GemmKernelSpec) -> GemmArtifact | None:
+    """The built kernel of ``spec``: shipped (prebuilt tree), else from the user cache's index, else
+    None. Imports no CUTLASS, runs no nvcc."""
+    index_key = spec.index_key()
+    shipped = _indexed_directory(cache.prebuilt_root(), index_key)
+    if shipped is not None:
+        art = GemmArtifact.load(shipped, readonly=True)  # warns if damaged: then the user cache / a build
+        if art is not None:
+            return art
+    cache_dir("cutlass", "index")
+    directory = _indexed_directory(cache.cache_root(), index_key)  # absent or damaged: build() rewrites it
+    return None if directory is None else GemmArtifact.load(directory, warn=False)  # build() warns under its lock
+
+
+def _require_emission() -> None:
+    """Raise a clear error when a kernel must be emitted but the ``cutlass`` extra is not installed."""
+    if importlib.util.find_spec("cutlass_cppgen") is None or importlib.util.find_spec("cutlass_library") is None:
+        raise CutlassBuildError("this CUTLASS kernel is neither shipped nor cached, and building it needs "
+                                "nvidia-cutlass: install cutlass-ops[cutlass] to build new CUTLASS kernels")
 
 
 def _gencode(target_arch: str) -> str:
@@ -171,6 +200,8 @@ def build(spec: GemmKernelSpec, *, force: bool = False) -> tuple[GemmArtifact, b
         found = lookup(spec)
         if found is not None:
             return found, True
+    _require_emission()
+    log.info("not in the shipped kernels: compiling %s", spec.name)
     t0 = time.perf_counter()
     emitted = emit(spec)
     key = content_key_of(spec, emitted)
