@@ -96,6 +96,18 @@ def kernel_us(fn, iters: int = 30, warmup: int = 5) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
 
 
+class Rotating:
+    """Calls fn(i) with i cycling over ``count`` copies of the operands (a benchmark's way past the
+    L2 cache; captured as such in a CUDA graph)."""
+
+    def __init__(self, fn, count: int):
+        self.fn, self.count, self.i = fn, count, 0
+
+    def __call__(self):
+        self.i = (self.i + 1) % self.count
+        return self.fn(self.i)
+
+
 def gpu_slug(name: str | None = None) -> str:
     """Directory name of a GPU under scripts/results: the device name lowercased, non-alphanumerics
     as '-', memory size and type dropped ('NVIDIA H100 80GB HBM3' -> 'nvidia-h100', 'NVIDIA H200' ->

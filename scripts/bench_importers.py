@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import torch
-from _timing import graph_us, table, write_report
+from _timing import Rotating, graph_us, table, write_report
 
 from cutlass_ops.formats import quantize_weight
 from cutlass_ops.importers import Imported, from_gptq
@@ -24,17 +24,6 @@ from cutlass_ops.nn import QuantLinear
 N = K = 8192
 GROUP = 128
 M_VALUES = (1, 16, 4096)
-
-
-class Rotating:
-    """Calls fn(i) with i cycling over ``count`` copies of the operands (captured as such in the graph)."""
-
-    def __init__(self, fn, count: int):
-        self.fn, self.count, self.i = fn, count, 0
-
-    def __call__(self):
-        self.i = (self.i + 1) % self.count
-        return self.fn(self.i)
 
 
 def gptq_layer(seed: int, act_order: bool) -> QuantLinear:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 from _read_floor import read_floor_us
-from _timing import host_us, write_report
+from _timing import Rotating, host_us, write_report
 
 from cutlass_ops.formats import quantize_weight
 from cutlass_ops import weight_only as wo
@@ -49,17 +49,6 @@ def bench_us(fn, rep_ms: int = 100) -> float:
         end.synchronize()
         times.append(1e3 * start.elapsed_time(end))
     return statistics.median(times)
-
-
-class Rotating:
-    """Calls fn(i) with i cycling over ``count`` copies of the operands."""
-
-    def __init__(self, fn, count: int):
-        self.fn, self.count, self.i = fn, count, 0
-
-    def __call__(self):
-        self.i = (self.i + 1) % self.count
-        return self.fn(self.i)
 
 
 def copy_bandwidth() -> float:

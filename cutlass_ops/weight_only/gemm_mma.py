@@ -2,11 +2,9 @@
 sm_80+: a 4-stage cp.async pipeline, weights dequantized in registers into mma.m16n8k16 fragments."""
 from __future__ import annotations
 
-import torch
-
 from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
 
-from .shared import ELEMENT, block_shift, scale_offset_words
+from .shared import ELEMENT, SingleLaunchPlan, block_shift, scale_offset_words
 from .variants import GemmConfig, default_gemm_config
 
 __all__ = ["GemmMmaArgs", "GemmMmaPlan", "gemm_mma_smem"]
@@ -26,11 +24,9 @@ class GemmMmaArgs(KernelArgs):
                 ("K", I32), ("G", I32), ("block_size", I32), ("block_shift", I32), ("act", I32)]
 
 
-class GemmMmaPlan:
+class GemmMmaPlan(SingleLaunchPlan):
     strategy = "gemm_mma"
     config_type = GemmConfig
-    bias_tensor = False
-    per_m = True
 
     def __init__(self, qw, M: int, dtype, device: int, config: GemmConfig | None = None):
         config = config or default_gemm_config(M)
@@ -44,6 +40,3 @@ class GemmMmaPlan:
                            G=qw.num_groups, block_size=qw.block_size, block_shift=block_shift(qw))
         self.launch = Launch(kernel, LaunchConfig.of(tiles, THREADS, smem=smem), args, device)
         self._keep = so
-
-    def __call__(self, x: torch.Tensor, bias: int, act: int, out: torch.Tensor) -> None:
-        self.launch(A=x.data_ptr(), bias=bias, D=out.data_ptr(), act=act)

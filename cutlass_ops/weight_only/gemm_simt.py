@@ -2,11 +2,9 @@
 tiles, weights dequantized to fp32 in shared memory, fp32 arithmetic with the fp32 scale / offset."""
 from __future__ import annotations
 
-import torch
-
 from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
 
-from .shared import ELEMENT, block_shift
+from .shared import ELEMENT, SingleLaunchPlan, block_shift
 
 __all__ = ["GemmSimtArgs", "GemmSimtPlan"]
 
@@ -19,11 +17,8 @@ class GemmSimtArgs(KernelArgs):
                 ("N", I32), ("K", I32), ("G", I32), ("block_size", I32), ("block_shift", I32), ("act", I32)]
 
 
-class GemmSimtPlan:
+class GemmSimtPlan(SingleLaunchPlan):
     strategy = "gemm_simt"
-    config_type = None
-    bias_tensor = False
-    per_m = True
 
     def __init__(self, qw, M: int, dtype, device: int, config=None):
         defines = {"WO_ELEMENT": ELEMENT[dtype], "WO_BITS": qw.bits}
@@ -33,6 +28,3 @@ class GemmSimtPlan:
                             block_shift=block_shift(qw))
         config = LaunchConfig.of((-(-qw.N // TILE), -(-M // TILE)), THREADS)
         self.launch = Launch(kernel, config, args, device)
-
-    def __call__(self, x: torch.Tensor, bias: int, act: int, out: torch.Tensor) -> None:
-        self.launch(A=x.data_ptr(), bias=bias, D=out.data_ptr(), act=act)

@@ -2,11 +2,9 @@
 ``gemv_simt_m{1..8}``): one warp per output row, fp32 arithmetic with the fp32 scale / offset."""
 from __future__ import annotations
 
-import torch
-
 from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
 
-from .shared import ELEMENT
+from .shared import ELEMENT, SingleLaunchPlan
 
 __all__ = ["GemvSimtArgs", "GemvSimtPlan"]
 
@@ -18,11 +16,8 @@ class GemvSimtArgs(KernelArgs):
                 ("N", I32), ("K", I32), ("G", I32), ("block_size", I32), ("act", I32)]
 
 
-class GemvSimtPlan:
+class GemvSimtPlan(SingleLaunchPlan):
     strategy = "gemv_simt"
-    config_type = None
-    bias_tensor = False
-    per_m = True
 
     def __init__(self, qw, M: int, dtype, device: int, config=None):
         defines = {"WO_ELEMENT": ELEMENT[dtype], "WO_BITS": qw.bits}
@@ -31,6 +26,3 @@ class GemvSimtPlan:
                             N=qw.N, K=qw.K, G=qw.num_groups, block_size=qw.block_size)
         config = LaunchConfig.of(-(-qw.N // ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK)
         self.launch = Launch(kernel, config, args, device)
-
-    def __call__(self, x: torch.Tensor, bias: int, act: int, out: torch.Tensor) -> None:
-        self.launch(A=x.data_ptr(), bias=bias, D=out.data_ptr(), act=act)

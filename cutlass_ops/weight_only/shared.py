@@ -15,7 +15,8 @@ from .dispatch import _is_pow2
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ELEMENT", "block_shift", "pack_scale_offset", "scale_offset_words", "aligned_qweight", "derived"]
+__all__ = ["ELEMENT", "block_shift", "pack_scale_offset", "scale_offset_words", "aligned_qweight", "derived",
+           "SingleLaunchPlan"]
 
 # WO_ELEMENT of the kernels (weight_only_types.cuh): the activation / output type.
 ELEMENT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
@@ -65,3 +66,15 @@ def derived(t: torch.Tensor, *originals: torch.Tensor) -> torch.Tensor | None:
     """``t`` when it is a copy a plan must keep alive, None when it is one of the weight's own tensors
     (a plan must not hold those: its weight's cache entry is dropped when they are freed)."""
     return None if any(t is o for o in originals) else t
+
+
+class SingleLaunchPlan:
+    """A strategy whose call is one launch with the activations, bias, output and activation code as
+    its per-call fields (``A``, ``bias``, ``D``, ``act``); subclasses build ``self.launch`` once."""
+
+    config_type = None
+    bias_tensor = False  # the bias arrives as its address (0: none)
+    per_m = True  # one plan per M
+
+    def __call__(self, x: torch.Tensor, bias: int, act: int, out: torch.Tensor) -> None:
+        self.launch(A=x.data_ptr(), bias=bias, D=out.data_ptr(), act=act)
