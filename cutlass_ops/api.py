@@ -23,7 +23,8 @@ from cutlass_ops import torch_ops  # noqa: F401  (registers torch.ops.cutlass_op
 from cutlass_ops.formats import (
     QuantizedWeight, quantize_activation_reference, quantize_conv_weight, quantize_weight,
 )
-from cutlass_ops import plan_cache
+from cutlass_ops import act_order, plan_cache
+from cutlass_ops.finite_check import check_finite_once, check_per_col_inputs
 from cutlass_ops.w8a8 import PATHS as W8A8_PATHS  # the family's own list (importing it loads no GPU code)
 
 # The function object itself: Dynamo knows it (True while tracing), and a module-level name saves
@@ -145,14 +146,32 @@ def quantize_activation(x: torch.Tensor, block_size: int | None = None):
 
 
 def linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None,
-           activation=None) -> torch.Tensor:
-    """Weight-only quantized linear: act(x @ dequantize(qw)^T + bias); x [..., K] -> [..., N]."""
+           activation=None, *, perm: torch.Tensor | None = None) -> torch.Tensor:
+    """Weight-only quantized linear: act(x @ dequantize(qw)^T + bias); x [..., K] -> [..., N].
+
+    perm: act-order (GPTQ desc_act), an integer tensor [K] with values in [0, K): the weight's K order
+    is x's order permuted, and the result is act(x[..., perm] @ dequantize(qw)^T + bias). On Hopper the
+    small-M GEMV runs as the programmatic dependent of its gather kernel (the weight stream overlaps the
+    gather); elsewhere x is gathered first. Its range is checked once per tensor and version.
+    """
     _check_qw(qw)
     check_dtype(x, "x", FLOAT_DTYPES)
     _check_last_dim(x, "x", qw.K)
     _check_bias(bias, qw.N)
     act = parse_activation(activation)
-    _check_devices("linear", "x", x, {"bias": bias}, qw)
+    _check_devices("linear", "x", x, {"bias": bias} if perm is None else
+                   {"bias": bias, "perm": perm if isinstance(perm, torch.Tensor) else None}, qw)
+    if perm is not None:
+        perm32 = act_order.checked_perm(qw, perm)
+        if _through_op(x, bias, qw):  # a differentiable, traceable gather, then the op
+            x = x.index_select(-1, perm32)
+        else:
+            from cutlass_ops.weight_only import linear_weight_only
+            x2d = x.reshape(-1, qw.K).contiguous()
+            if x2d.shape[0] == 0:
+                return x.new_empty(*x.shape[:-1], qw.N)
+            out = linear_weight_only(x2d, qw, None if bias is None else bias.contiguous(), act, perm=perm32)
+            return out.reshape(*x.shape[:-1], qw.N)
     if _through_op(x, bias, qw):
         return torch.ops.cutlass_ops.linear(x, qw.qweight, qw.scale, qw.offset, qw.bits, qw.block_size, qw.N, qw.K,
                                             None if bias is None else bias.contiguous(), act)
@@ -289,7 +308,10 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch=
     if device < 0 or B.get_device() != device:
         _check_devices("int8_gemm", "A", A, {"B": B, **{n: v for n, v in epilogue_args.items()
                                                          if isinstance(v, torch.Tensor)}})
-    # The epilogue's tensors (type, size, contiguity, device) are checked per input by the plan.
+    # The epilogue's tensors (type, size, contiguity, device) are checked per input by the plan; the
+    # per-output-channel ones (weight-side constants) for NaN / Inf once per tensor version here.
+    if epilogue_args:
+        check_per_col_inputs(epilogue, epilogue_args)
     if epilogue_args and torch.is_grad_enabled():
         for value in epilogue_args.values():
             if value.__class__ is torch.Tensor and value.requires_grad:
@@ -320,6 +342,8 @@ def int8_gemm_requant(A_q: torch.Tensor, W_q: torch.Tensor, M_scale: torch.Tenso
     _check_devices("int8_gemm_requant", "A_q", A_q,
                    {"W_q": W_q, "M_scale": M_scale, "fused_bias": fused_bias})
     _no_grad_inputs("int8_gemm_requant", {"M_scale": M_scale, "fused_bias": fused_bias})
+    check_finite_once(M_scale, "M_scale")
+    check_finite_once(fused_bias, "fused_bias")
     if _is_compiling():
         return torch.ops.cutlass_ops.int8_gemm_requant(A_q, W_q, M_scale, fused_bias, lo, hi,
                                                        None if arch is None else str(arch))

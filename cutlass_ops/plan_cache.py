@@ -17,7 +17,7 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Callable, TypeVar
 
-__all__ = ["MAX_WEIGHTS", "MAX_PLANS_PER_WEIGHT", "WeightEntry", "entry", "plan", "clear", "stats"]
+__all__ = ["MAX_WEIGHTS", "MAX_PLANS_PER_WEIGHT", "WeightEntry", "entry", "plan", "clear", "stats", "version"]
 
 MAX_WEIGHTS = 4096
 MAX_PLANS_PER_WEIGHT = 64
@@ -51,13 +51,22 @@ def _drop(key: tuple) -> Callable[[Any], None]:
     return callback
 
 
+def version(t) -> int:
+    """``t._version``, or -1 for an inference tensor (torch.inference_mode): it has no version counter,
+    and it cannot be changed in place outside inference mode."""
+    return -1 if t.is_inference() else t._version
+
+
 def entry(qw) -> WeightEntry:
     """The cache entry of ``qw`` (a fresh one if its tensors changed since the last call)."""
     q, s, o = qw.qweight, qw.scale, qw.offset
     # An id names the same live tensor for as long as the entry exists: the weak references'
     # callbacks drop the entry as the tensor is freed, before its id can be reused.
     key = (id(q), id(s), id(o))
-    sig = (q.data_ptr(), s.data_ptr(), o.data_ptr(), q._version, s._version, o._version)
+    try:
+        sig = (q.data_ptr(), s.data_ptr(), o.data_ptr(), q._version, s._version, o._version)
+    except RuntimeError:  # inference tensors (made under torch.inference_mode) have no version counter
+        sig = (q.data_ptr(), s.data_ptr(), o.data_ptr(), version(q), version(s), version(o))
     found = _entries.get(key)
     if found is not None and found.signature == sig:
         return found

@@ -32,11 +32,13 @@ def calls(quick: bool):
     qwc = co.quantize_conv_weight(torch.randn(48, 32, 3, 3, generator=g), bits=8).to("cuda")
     bias = torch.randn(N, generator=g).cuda().half()
     Bq = torch.randint(-8, 8, (N, K), dtype=torch.int8, generator=g).cuda()
+    perm = torch.randperm(K, generator=g).cuda()  # act-order: gemv_mma reads x through it (M <= 8)
     for M in Ms:
         x = torch.randn(M, K, generator=g).cuda().half()
         A = torch.randint(-8, 8, (M, K), dtype=torch.int8, generator=g).cuda()
         yield f"linear int4 M={M}", lambda: co.linear(x, qw4, bias, activation="relu")
         yield f"linear int8 M={M}", lambda: co.linear(x.bfloat16(), qw8)
+        yield f"linear int4 act-order M={M}", lambda: co.linear(x, qw4, bias, perm=perm)
         for path in ("fused", "orchestrator", "literal"):
             yield f"linear_w8a8 {path} M={M}", lambda p=path: co.linear_w8a8(x, qw8, bias, path=p)
         yield f"int8_gemm none M={M}", lambda: co.int8_gemm(A, Bq[:192])

@@ -8,7 +8,7 @@ tests use to force a strategy or a kernel variant: ``strategy=``, ``config=``, `
 line of the case that caused it. It prints ``OK <case>`` (or ``FAIL`` / ``SKIP``) per case and a
 summary, and exits 1 if a case raised. No CUTLASS kernel is built or launched (``int8_gemm``, and the
 W8A8 "orchestrator" and "literal" paths, which run CUTLASS GEMMs, are left out); the fused scheme-2
-kernel is NVRTC and is in. All 85 ``extern "C" __global__`` kernels of custom_kernels/kernels/*.cu
+kernel is NVRTC and is in. All 86 ``extern "C" __global__`` kernels of custom_kernels/kernels/*.cu
 are reached (``--check-coverage``).
 
 On the GPU machine, compile first (NVRTC; gemv_mma.cu / gemv_stream.cu take about a minute per module, so
@@ -20,7 +20,7 @@ names, and several --kernel-name filters add up):
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --report-api-errors no \
         --destroy-on-device-error kernel --error-exitcode 99 \
         --kernel-name kns=gemv_ --kernel-name kns=gemm_mma_mt --kernel-name kns=gemm_simt \
-        --kernel-name kns=conv_ --kernel-name kns=splitk_reduce --kernel-name kns=dequant_ \
+        --kernel-name kns=conv_ --kernel-name kns=splitk_reduce --kernel-name kns=gather_k --kernel-name kns=dequant_ \
         --kernel-name kns=quantize_q8_1 --kernel-name kns=test_int --kernel-name kns=test_uint \
         --kernel-name kns=quant_a_ --kernel-name kns=precompute_sum_bq --kernel-name kns=bias_act_ \
         --kernel-name kns=w8a8_kblock_gemm --kernel-name kns=w8a8_kblock_wgmma --kernel-name kns=w8a8_row_planes \
@@ -94,7 +94,7 @@ ALIASES = {"gemv": ("gemv_mma", "gemv_stream", "gemv_simt"), "gemm": ("gemm_mma"
 
 # Substrings (compute-sanitizer kns= filters) that together match every project kernel and, as far
 # as we know, no torch / cuBLAS kernel; --check-coverage checks the first half of that claim.
-SANITIZER_PREFIXES = ("gemv_", "gemm_mma_mt", "gemm_simt", "conv_", "splitk_reduce", "dequant_", "quantize_q8_1",
+SANITIZER_PREFIXES = ("gemv_", "gemm_mma_mt", "gemm_simt", "conv_", "splitk_reduce", "gather_k", "dequant_", "quantize_q8_1",
                       "test_int", "test_uint", "quant_a_", "precompute_sum_bq", "bias_act_", "w8a8_kblock_gemm",
                       "w8a8_kblock_wgmma", "w8a8_row_planes")
 
@@ -185,8 +185,9 @@ def _wo_defines(dtype, bits: int, config=None) -> dict:
 def _wo_case(family: str, strategy: str | None, dtype, bits: int, M: int, N: int, K: int, block_size: int | None,
              names: list[tuple[str, str]], *, tag: str = "", config=None, bias: bool = True, act: int = 2,
              symmetric: bool = False, x_scale: float = 1.0, public: bool = False, small_m_gemv: str | None = None,
-             min_cc: int = 0, note: str = "", optional: bool = False) -> None:
-    """A weight-only linear case; ``names`` = (file, kernel) pairs it reaches."""
+             min_cc: int = 0, note: str = "", optional: bool = False, perm: bool = False) -> None:
+    """A weight-only linear case; ``names`` = (file, kernel) pairs it reaches. perm: act-order (a random K
+    permutation: gather_k + the GEMV built with WO_PDL_WAIT on sm_90)."""
     bs = "pc" if block_size is None else str(block_size)
     label = strategy or "default"
     name = (f"{label}/{_DT_NAME[dtype]}-int{bits}-M{M}-N{N}-K{K}-g{bs}"
@@ -194,7 +195,9 @@ def _wo_case(family: str, strategy: str | None, dtype, bits: int, M: int, N: int
     refs = []
     for file, kname in names:
         defines = ({"WO_ELEMENT": _wo_defines(dtype, bits)["WO_ELEMENT"]} if file in ("gemv_dp4a.cu", "splitk_reduce.cu")
-                   else _wo_defines(dtype, bits, config))
+                   else {} if file == "gather_k.cu" else _wo_defines(dtype, bits, config))
+        if perm and file == "gemv_mma.cu":
+            defines = {**defines, "WO_PDL_WAIT": 1}
         refs.append(_ref(file, kname, defines))
 
     def run():
@@ -216,7 +219,8 @@ def _wo_case(family: str, strategy: str | None, dtype, bits: int, M: int, N: int
         try:
             if small_m_gemv is not None:
                 wo.SMALL_M_GEMV[M] = small_m_gemv
-            return wo.linear_weight_only(x, qw, b, act, strategy=strategy, config=config)
+            p = torch.randperm(K, generator=torch.Generator().manual_seed(K)).int().cuda() if perm else None
+            return wo.linear_weight_only(x, qw, b, act, strategy=strategy, config=config, perm=p)
         finally:
             wo.SMALL_M_GEMV.clear()
             wo.SMALL_M_GEMV.update(saved)
@@ -325,6 +329,11 @@ def _build_weight_only_cases() -> None:
     _wo_case("gemv_mma", None, torch.bfloat16, 8, 6, 4097, 4160, 64,
              [(GM, f"gemv_mma_mt{_gemv_mma_tile(6)}")], public=True, min_cc=80,
              note="public cutlass_ops.linear, default dispatch (gemv_mma on sm_80+)")
+    # act-order on Hopper: gather_k, then gemv_mma (WO_PDL_WAIT) as its programmatic dependent; split-K too
+    for M, N in ((1, 4097), (11, 259)):
+        _wo_case("gemv_mma", "gemv_mma", torch.float16, 4, M, N, 4160, 64,
+                 [("gather_k.cu", "gather_k"), (GM, f"gemv_mma_mt{_gemv_mma_tile(M)}")]
+                 + ([(R, "splitk_reduce")] if N < 1000 else []), tag="act-order", min_cc=90, perm=True)
 
     # gemm_mma (fp16/bf16, sm_80+): both CTA tiles (GemmConfig 64 / 128), ragged N and K, the
     # division path (block 48), per-channel.

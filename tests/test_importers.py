@@ -298,3 +298,21 @@ def test_quantization_config_awq_and_compressed(tmp_path):
                "l.weight_scale": s}
     imp = import_layer(tensors, "l.", cfg)
     assert bits_equal(imp.weight.dequantize(), q.float() * s.float().repeat_interleave(128, 1))
+
+
+def test_checked_perm_validates_and_caches_per_version():
+    from cutlass_ops import act_order, quantize_weight
+
+    qw = quantize_weight(torch.randn(8, 64), bits=4, block_size=32)
+    perm = torch.randperm(64)
+    p32 = act_order.checked_perm(qw, perm)
+    assert p32.dtype == torch.int32 and torch.equal(p32.long(), perm)
+    assert act_order.checked_perm(qw, perm) is p32  # cached: no second check
+    perm[0], perm[1] = perm[1].item(), perm[0].item()  # in place: a new version, checked and converted again
+    assert torch.equal(act_order.checked_perm(qw, perm).long(), perm)
+    perm[5] = 64
+    with pytest.raises(ValueError, match=r"perm values must lie in \[0, K=64\)"):
+        act_order.checked_perm(qw, perm)
+    for bad in (torch.arange(63), torch.arange(64).float(), torch.arange(64).reshape(8, 8), [0] * 64):
+        with pytest.raises(ValueError, match="perm must be an int32 or int64 tensor"):
+            act_order.checked_perm(qw, bad)

@@ -27,6 +27,7 @@ ENTRIES = {
     "gemv_mma.cu": GEMV_MMA,
     "gemv_simt.cu": GEMV_SIMT,
     "splitk_reduce.cu": ["splitk_reduce"],
+    "gather_k.cu": ["gather_k"],
     "gemm_mma.cu": GEMM_MMA,
     "gemm_simt.cu": ["gemm_simt"],
     "gemv_dp4a.cu": ["quantize_q8_1"] + [f"gemv_dp4a_m{m}" for m in range(1, 9)],
@@ -44,6 +45,8 @@ def _entries(filename: str) -> list[str]:
 BUILDS = [("converters_test.cu", {})]
 BUILDS += [(f, {"WO_ELEMENT": e, "WO_BITS": b}) for f in ("gemv_mma.cu", "gemm_mma.cu")
            for e in (0, 1) for b in (4, 8)]
+BUILDS += [("gemv_mma.cu", {"WO_ELEMENT": e, "WO_BITS": b, "WO_PDL_WAIT": 1}) for e in (0, 1) for b in (4, 8)]  # act-order
+BUILDS += [("gather_k.cu", {})]
 BUILDS += [(f, {"WO_ELEMENT": e, "WO_BITS": b}) for f in ("gemv_simt.cu", "gemm_simt.cu")
            for e in (0, 1, 2) for b in (4, 8)]
 BUILDS += [(f, {"WO_ELEMENT": e}) for f in ("splitk_reduce.cu", "gemv_dp4a.cu") for e in (0, 1, 2)]
@@ -206,6 +209,7 @@ def test_kernel_args_name_the_kernel_parameters():
              (gemv_stream.GemvStreamArgs, "gemv_stream.cu", "gemv_stream_m##M_"),
              (gemv_simt.GemvSimtArgs, "gemv_simt.cu", "gemv_simt_m##M_"),
              (splitk.SplitKReduceArgs, "splitk_reduce.cu", "splitk_reduce"),
+             (gemv_mma.GatherArgs, "gather_k.cu", "gather_k"),
              (gemv_dp4a.QuantizeQ81Args, "gemv_dp4a.cu", "quantize_q8_1"),
              (gemv_dp4a.GemvDp4aArgs, "gemv_dp4a.cu", "gemv_dp4a_m##M_"),
              (gemm_mma.GemmMmaArgs, "gemm_mma.cu", "gemm_mma_mt##MT8"),

@@ -6,7 +6,9 @@
 // 16 int8 K elements of one row) that bypass L1, where the re-read activations live.
 //
 // Compile-time choice (NVRTC defines): WO_ELEMENT 0 = half, 1 = bfloat16, 2 = float (the
-// activation / output type), WO_BITS 4 or 8.
+// activation / output type), WO_BITS 4 or 8, WO_PDL_WAIT 1 = launched as the programmatic dependent of
+// the act-order gather (gather_k.cu, which writes A): each warp issues its first weight loads, then
+// waits for that kernel (griddepcontrol.wait) before it reads A, so the gather overlaps the weight stream.
 //
 // Entry points:
 //   gemv_mma_mt{1,2,4,8}  half / bf16 only, sm_80+: tensor cores with the operands swapped,
@@ -39,6 +41,9 @@ namespace gemv {
 #ifndef GEMV_MMA_MIN_BLOCKS
 #define GEMV_MMA_MIN_BLOCKS 2
 #endif
+#ifndef WO_PDL_WAIT
+#define WO_PDL_WAIT 0
+#endif
 constexpr int kMaxWarps = 8;       // warps per block splitting K (a power of two, chosen at launch)
 constexpr int kGemvRowTiles = GEMV_MMA_ROW_TILES;  // 16-row tiles of N per warp: each activation fragment feeds them all
 constexpr int kGemvUnroll = GEMV_MMA_UNROLL;       // warp trips whose weight loads are issued before any use
@@ -53,6 +58,17 @@ constexpr int kGemvUnroll = GEMV_MMA_UNROLL;       // warp trips whose weight lo
 // 4s + {0,1} / 4s + {2,3} of that chunk, for the weights (A operand) and activations (B) alike.
 // A warp iteration ("trip") covers 4 consecutive chunks of 16 kRowTiles rows; the warps of a
 // block interleave their trips over the block's K range.
+
+#if WO_PDL_WAIT
+// A after griddepcontrol.wait: a coherent load in an asm volatile, which the compiler keeps below the
+// (volatile) wait; __ldg's loads are marked invariant and were hoisted above it (wrong activations, seen
+// on an H100). No "memory" clobber: that serialised every activation load (+44% at M = 1).
+__device__ __forceinline__ uint4 load_after_wait(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+#endif
 
 // Where a thread's rows and activation rows start (rows beyond N / M clamped: valid memory,
 // results discarded).
@@ -110,7 +126,11 @@ __device__ __forceinline__ void gemv_trip(float (&acc)[kRowTiles][kMTiles][4], c
       }
 #pragma unroll
     for (int i = 0; i < kMTiles; ++i) {
+#if WO_PDL_WAIT
+      uint4 a = load_after_wait(rows.a_row[i] + chunk * kActVecs + v);
+#else
       uint4 a = __ldg(rows.a_row[i] + chunk * kActVecs + v);
+#endif
       a.x &= keep; a.y &= keep; a.z &= keep; a.w &= keep;
 #pragma unroll
       for (int r = 0; r < kRowTiles; ++r) {
@@ -215,6 +235,11 @@ __device__ __forceinline__ void gemv_mma(const T* __restrict__ A, const uint8_t*
           so[u][r][h] = __ldg(rows.so_row[r][h] + (chunk >> group_shift));
         }
     }
+#if WO_PDL_WAIT && __CUDA_ARCH__ >= 900
+    // A is written by the kernel this one depends on: wait for it once, after the first weight loads
+    // are in flight (a no-op when not launched as a programmatic dependent).
+    if (c0 == c_begin + 4 * warp) asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int c = c0 + stride * u + t;

@@ -9,8 +9,9 @@ replaced (after ``.to()``, ``.cuda()``); an in-place change (``load_state_dict``
 the per-weight plan cache notices it.
 
 Act-order (GPTQ desc_act): ``QuantLinear`` may hold a fifth buffer ``perm`` (int64 [K], None when absent):
-the weight is then stored as W[:, perm] so that each quantization group is a contiguous K block, and
-forward gathers ``x.index_select(-1, perm)`` before the kernel (one small gather; differentiable).
+the weight is then stored as W[:, perm] so that each quantization group is a contiguous K block. In
+eager inference the small-M kernel reads x through perm (``cutlass_ops.linear(..., perm=)``: no gather
+kernel); otherwise (autograd, torch.compile, large M) ``x.index_select(-1, perm)`` runs before the kernel.
 ``QuantLinear.from_imported`` builds such a layer from a ``cutlass_ops.importers`` result.
 
 Modes of QuantLinear (``mode=``):
@@ -219,11 +220,12 @@ class QuantLinear(_QuantModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         perm = self.perm
+        if x.is_cuda and not torch.compiler.is_compiling() and self.mode == "weight_only":
+            # act-order included: the small-M kernel reads x through perm (no gather kernel)
+            return api.linear(x, self.weight(), self.bias, self.act, perm=perm)
         if perm is not None:  # act-order: gather x's K columns into the weight's order
             x = self._gather(x, perm)
         if x.is_cuda and not torch.compiler.is_compiling():
-            if self.mode == "weight_only":
-                return api.linear(x, self.weight(), self.bias, self.act)
             if self.mode == "w8a8_block":
                 return api.linear_w8a8(x, self.weight(), self.bias, self.act, path=self.path)
         self._check_input(x)

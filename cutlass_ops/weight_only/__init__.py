@@ -56,12 +56,13 @@ from cutlass_ops import plan_cache
 from . import dispatch
 from .dequant_cublas import DequantCublasPlan, dequantizer
 from .dispatch import (
-    DEQUANT_CUBLAS_MIN_M, GEMV_MMA_MAX_M, SMALL_M_GEMV, STRATEGIES, choose_strategy, dequant_problem, strategy_problem,
+    DEQUANT_CUBLAS_MIN_M, GEMV_MMA_MAX_M, SMALL_M_GEMV, STRATEGIES, choose_strategy, dequant_problem,
+    strategy_problem,
 )
 from .gemm_mma import GemmMmaPlan, gemm_mma_smem
 from .gemm_simt import GemmSimtPlan
 from .gemv_dp4a import GemvDp4aPlan
-from .gemv_mma import GemvMmaPlan
+from .gemv_mma import GemvMmaGatherPlan, GemvMmaPlan
 from .gemv_simt import GemvSimtPlan
 from .gemv_stream import GemvStreamPlan
 from .shared import ELEMENT, block_shift, pack_scale_offset
@@ -89,9 +90,10 @@ PLANS = {
 assert set(PLANS) == set(STRATEGIES)
 
 
-def _build(qw, M: int, dtype: torch.dtype, device: int, strategy: str | None, config):
+def _build(qw, M: int, dtype: torch.dtype, device: int, strategy: str | None, config, gather: bool = False):
     cc = capability(device)
     chosen = strategy or choose_strategy(M, dtype, qw, cc)
+    gather = gather and chosen == "gemv_mma"  # the one strategy with an act-order plan (gather + PDL)
     problem = strategy_problem(chosen, M, dtype, qw, cc)
     if problem is not None:
         raise ValueError(f"strategy={chosen!r} cannot run M={M}, N={qw.N}, K={qw.K}, bits={qw.bits}, "
@@ -101,19 +103,27 @@ def _build(qw, M: int, dtype: torch.dtype, device: int, strategy: str | None, co
         raise TypeError(f"config for strategy={chosen!r} must be a "
                         f"{cls.config_type.__name__ if cls.config_type else 'None'}, got {config!r}")
 
+    if gather:
+        cls = GemvMmaGatherPlan
+
     def build():
         with on_device(device):
             return cls(qw, M, dtype, device, config)
     # The default dispatch and a forced strategy share one plan; plans that serve every M share one.
-    key = ("weight_only", chosen, M if cls.per_m else None, dtype, device, config)
-    return build() if key == ("weight_only", strategy, M, dtype, device, config) else plan_cache.plan(qw, key, build)
+    key = ("weight_only", chosen, M if cls.per_m else None, dtype, device, config, gather)
+    if key == ("weight_only", strategy, M, dtype, device, config, gather):
+        return build()
+    return plan_cache.plan(qw, key, build)
 
 
-def get_plan(qw, M: int, dtype: torch.dtype, device: int, strategy: str | None = None, config=None):
+def get_plan(qw, M: int, dtype: torch.dtype, device: int, strategy: str | None = None, config=None,
+             gather: bool = False):
     """The plan running M rows of ``dtype`` activations against ``qw`` on CUDA device ``device`` (with
-    ``strategy`` forced, or by the default dispatch), built on first use and cached per weight."""
-    return plan_cache.plan(qw, ("weight_only", strategy, M, dtype, device, config),
-                           lambda: _build(qw, M, dtype, device, strategy, config))
+    ``strategy`` forced, or by the default dispatch), built on first use and cached per weight.
+    gather: the act-order plan where the strategy has one (gemv_mma on Hopper: a gather kernel, then the
+    GEMV as its programmatic dependent); the plan's ``gather`` attribute says whether it is one."""
+    return plan_cache.plan(qw, ("weight_only", strategy, M, dtype, device, config, gather),
+                           lambda: _build(qw, M, dtype, device, strategy, config, gather))
 
 
 def dequantize_weight(qw, dtype: torch.dtype = torch.float16, *, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -140,7 +150,8 @@ def dequantize_weight(qw, dtype: torch.dtype = torch.float16, *, out: torch.Tens
 
 
 def linear_weight_only(x2d: torch.Tensor, qw, bias: torch.Tensor | None = None, act: int = 0, *,
-                       strategy: str | None = None, out: torch.Tensor | None = None, config=None) -> torch.Tensor:
+                       strategy: str | None = None, out: torch.Tensor | None = None, config=None,
+                       perm: torch.Tensor | None = None) -> torch.Tensor:
     """act(x2d @ dequantize(qw)^T + bias) -> [M, N] of x2d.dtype.
 
     Called by ``cutlass_ops.linear`` after its checks (x2d a CUDA [M, K] float16/bfloat16/float32
@@ -150,7 +161,10 @@ def linear_weight_only(x2d: torch.Tensor, qw, bias: torch.Tensor | None = None, 
     contiguous [M, N] tensor of x2d.dtype, 16-byte aligned, written in full. config: a kernel variant
     for the strategy (benchmarks and tests): GemmConfig for "gemm_mma" (None =
     ``default_gemm_config(M)``), GemvMmaConfig for "gemv_mma" (None = ``default_gemv_mma_config(M,
-    bits)``), StreamConfig for "gemv_stream" (None = the defaults).
+    bits)``), StreamConfig for "gemv_stream" (None = the defaults). perm: act-order, an int32 contiguous
+    tensor [K] on x2d's device with values in [0, K) (checked by the caller): the result is
+    act(x2d[:, perm] @ dequantize(qw)^T + bias); gemv_mma on Hopper overlaps its gather kernel with the
+    GEMV (programmatic dependent launch), the other cases gather x with ``index_select`` first.
     """
     if strategy is not None and strategy not in STRATEGIES:
         raise ValueError(f"strategy must be None or one of {list(STRATEGIES)}, got {strategy!r}")
@@ -167,6 +181,14 @@ def linear_weight_only(x2d: torch.Tensor, qw, bias: torch.Tensor | None = None, 
                          f"{x2d.device}, got {tuple(out.shape)} {out.dtype} on {out.device}")
     if M == 0:
         return out
-    plan = get_plan(qw, M, x2d.dtype, x2d.device.index, strategy, config)
-    plan(x2d, bias if plan.bias_tensor else (0 if bias is None else bias.data_ptr()), act, out)
+    if perm is None:
+        plan = get_plan(qw, M, x2d.dtype, x2d.device.index, strategy, config)
+        plan(x2d, bias if plan.bias_tensor else (0 if bias is None else bias.data_ptr()), act, out)
+        return out
+    plan = get_plan(qw, M, x2d.dtype, x2d.device.index, strategy, config, gather=True)
+    bias_arg = bias if plan.bias_tensor else (0 if bias is None else bias.data_ptr())
+    if getattr(plan, "gather", False):
+        plan(x2d, bias_arg, act, out, perm.data_ptr())
+    else:
+        plan(x2d.index_select(1, perm), bias_arg, act, out)
     return out

@@ -1,18 +1,24 @@
 """Strategy "gemv_mma": tensor-core GEMV for M <= 64 (gemv_mma.cu ``gemv_mma_mt{1,2,4,8}``), fp16/bf16,
 sm_80+, with the operands swapped (W is the mma A operand) and K split across blocks when N alone
-leaves SMs idle (splitk.py)."""
+leaves SMs idle (splitk.py).
+
+Act-order (``gather=True``, Hopper): a call with a K permutation first runs ``gather_k`` (x[:, perm] into
+a fresh buffer) and launches the GEMV built with WO_PDL_WAIT as its programmatic dependent, so the GEMV's
+weight loads overlap the gather (on older GPUs ``gather`` stays False and the caller gathers first)."""
 from __future__ import annotations
 
 import math
 
-from custom_kernels.device import sm_count
-from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
+import torch
+
+from custom_kernels.device import capability, sm_count
+from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel, pdl_enabled
 
 from .shared import ELEMENT, scale_offset_words
 from .splitk import SplitKGemvPlan
 from .variants import GemvMmaConfig, chunk_elems, default_gemv_mma_config
 
-__all__ = ["GemvMmaArgs", "GemvMmaPlan"]
+__all__ = ["GemvMmaArgs", "GatherArgs", "GemvMmaPlan", "GemvMmaGatherPlan"]
 
 
 class GemvMmaArgs(KernelArgs):
@@ -21,13 +27,19 @@ class GemvMmaArgs(KernelArgs):
                 ("act", I32)]
 
 
+class GatherArgs(KernelArgs):
+    _fields_ = [("X", Ptr), ("perm", Ptr), ("Y", Ptr), ("M", I32), ("K", I32)]
+
+
 class GemvMmaPlan(SplitKGemvPlan):
     strategy = "gemv_mma"
     config_type = GemvMmaConfig
 
-    def __init__(self, qw, M: int, dtype, device: int, config: GemvMmaConfig | None = None):
+    def __init__(self, qw, M: int, dtype, device: int, config: GemvMmaConfig | None = None, gather: bool = False):
         config = config or default_gemv_mma_config(M, qw.bits)
-        defines = {"WO_ELEMENT": ELEMENT[dtype], "WO_BITS": qw.bits, **config.defines()}
+        self.gather = gather and capability(device) >= 90 and pdl_enabled()
+        defines = {"WO_ELEMENT": ELEMENT[dtype], "WO_BITS": qw.bits, **config.defines(),
+                   **({"WO_PDL_WAIT": 1} if self.gather else {})}
         ce = chunk_elems(qw.bits)
         K, N, G = qw.K, qw.N, qw.num_groups
         chunks = K // ce
@@ -50,5 +62,24 @@ class GemvMmaPlan(SplitKGemvPlan):
         kernel = load_kernel("gemv_mma.cu", f"gemv_mma_mt{m_tiles}", defines, device=device)
         args = GemvMmaArgs(B=qw.qweight.data_ptr(), scale_offset=so.data_ptr(), M=M, N=N, K=K, G=G,
                            group_shift=group_shift, chunks_per_split=per_split)
-        gemv = Launch(kernel, LaunchConfig.of((blocks_n, splits), 32 * warps), args, device)
+        gemv = Launch(kernel, LaunchConfig.of((blocks_n, splits), 32 * warps, pdl=self.gather), args, device)
         super().__init__(gemv, splits, M, N, ELEMENT[dtype], device, keep=(so,))
+        if self.gather:
+            vecs = M * K // 8  # one 16-byte vector of x[:, perm] per thread
+            self._gather = Launch(load_kernel("gather_k.cu", "gather_k", {}, device=device),
+                                  LaunchConfig.of(min(-(-vecs // 256), 4 * sm), 256), GatherArgs(M=M, K=K), device)
+
+
+class GemvMmaGatherPlan(GemvMmaPlan):
+    """The act-order plan (a class of its own: the plain plan's call stays one frame shorter)."""
+
+    def __init__(self, qw, M: int, dtype, device: int, config: GemvMmaConfig | None = None):
+        super().__init__(qw, M, dtype, device, config, gather=True)
+
+    def __call__(self, x: torch.Tensor, bias: int, act: int, out: torch.Tensor, perm: int = 0) -> None:
+        """perm: the address of the int32 K permutation (act-order; plans with ``gather`` only)."""
+        if perm:
+            xg = torch.empty_like(x)
+            self._gather(X=x.data_ptr(), perm=perm, Y=xg.data_ptr())
+            x = xg
+        super().__call__(x, bias, act, out)

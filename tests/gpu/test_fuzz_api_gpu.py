@@ -18,10 +18,7 @@ pytestmark = pytest.mark.gpu
 
 # Inputs not caught today (reported in issue 19; fixes belong to api.py / formats.py / nn). Not strict:
 # an XPASS says the gap was closed.
-KNOWN_GAPS = {
-    "gemm-dequant-col-nan": "per-call epilogue inputs are not checked for NaN (a check costs a sync per call)",
-    "requant-M_scale-nan": "per-call epilogue inputs are not checked for NaN (a check costs a sync per call)",
-}
+KNOWN_GAPS: dict[str, str] = {}
 
 
 def _cases():
