@@ -62,8 +62,11 @@ struct PointersHash {
     return h;
   }
 };
-constexpr size_t kRebuiltKept = 64;  // Params kept per shape for kernels that need them rebuilt
-constexpr size_t kShapesKept = 4096;  // shapes per plan; past that the table starts over (those calls
+// Bounds as in cutlass_ops/cutlass/kernel.py: Params kept per shape for kernels that need them rebuilt (a
+// model's layers of one shape each bring their own weight pointer), per plan over all its shapes, and shapes.
+constexpr size_t kRebuiltKept = 64;
+constexpr size_t kRebuiltTotal = 2048;
+constexpr size_t kShapesKept = 1024;  // shapes per plan; past that the table starts over (those calls
                                       // then stay on the Python path, which is correct, only slower)
 
 struct State {
@@ -86,6 +89,7 @@ struct Plan {
   at::ScalarType out_dtype;
   std::vector<Input> inputs;
   std::unordered_map<Key, std::unique_ptr<State>, KeyHash> states;
+  size_t rebuilt_total = 0;  // rebuilt Params over all states (an upper bound: replaced states are not subtracted)
 };
 
 // Never destroyed: its Python strings must not be released after the interpreter has finalized.
@@ -165,8 +169,12 @@ void register_state(int64_t plan_id, int64_t M, int64_t N, int64_t K, int64_t no
   c.hStream = nullptr;
   c.attrs = n_attrs ? s->attrs : nullptr;
   c.numAttrs = n_attrs;
-  auto& states = g_plans[plan_id]->states;
-  if (states.size() >= kShapesKept) states.clear();
+  Plan& plan = *g_plans[plan_id];
+  auto& states = plan.states;
+  if (states.size() >= kShapesKept) {
+    states.clear();
+    plan.rebuilt_total = 0;
+  }
   states[Key{M, N, K, nonnull, static_cast<int>(device)}] = std::move(s);
 }
 
@@ -174,7 +182,8 @@ void register_state(int64_t plan_id, int64_t M, int64_t N, int64_t K, int64_t no
 // False when the shape is not registered (any more): the caller registers it again.
 bool register_params(int64_t plan_id, int64_t M, int64_t N, int64_t K, int64_t nonnull, int64_t device,
                      const std::vector<int64_t>& pointers, const py::bytes& params) {
-  auto& states = g_plans.at(plan_id)->states;
+  Plan& plan = *g_plans.at(plan_id);
+  auto& states = plan.states;
   auto found = states.find(Key{M, N, K, nonnull, static_cast<int>(device)});
   if (found == states.end()) return false;
   TORCH_CHECK(!found->second->patch, "register_params: this shape's Params are patched, not rebuilt");
@@ -184,9 +193,16 @@ bool register_params(int64_t plan_id, int64_t M, int64_t N, int64_t K, int64_t n
   const std::string bytes = params;
   std::vector<uint64_t> words((bytes.size() + 7) / 8, 0);
   std::memcpy(words.data(), bytes.data(), bytes.size());
+  if (plan.rebuilt_total >= kRebuiltTotal) {  // the plan's bound: start over for every shape
+    for (auto& entry : states) entry.second->rebuilt.clear();
+    plan.rebuilt_total = 0;
+  }
   auto& rebuilt = found->second->rebuilt;
-  if (rebuilt.size() >= kRebuiltKept) rebuilt.clear();
-  rebuilt[key] = std::move(words);
+  if (rebuilt.size() >= kRebuiltKept) {
+    plan.rebuilt_total -= rebuilt.size();
+    rebuilt.clear();
+  }
+  plan.rebuilt_total += rebuilt.insert_or_assign(key, std::move(words)).second ? 1 : 0;
   return true;
 }
 

@@ -14,8 +14,8 @@ only if patching one build with another's sentinels reproduces it byte for byte,
 first real call (patched == freshly built); later calls just overwrite those 8-byte words.
 Sm90 kernels hold A, B and D inside TMA descriptors, which CUDA documents as opaque and which on
 an H200 changed beyond the verbatim address when the address changed: their ``Params`` are rebuilt
-by the host library for each new set of pointers (a few microseconds), and the last 512 pointer
-sets of each shape are kept, so calls that reuse buffers skip the rebuild.
+by the host library for each new set of pointers (a few microseconds), and the last few pointer
+sets of each shape are kept (``_REBUILT_KEPT``), so calls that reuse buffers skip the rebuild.
 """
 from __future__ import annotations
 
@@ -45,10 +45,17 @@ __all__ = ["GemmKernel"]
 # or its high bits would show up as a mismatch).
 _SENTINEL_BASES = (0x5A5A_0000_0000, 0x6B6B_0123_4560, 0x3C3C_0FED_CBA0)
 _SENTINEL_STEP = 0x10_0000
-_REBUILT_KEPT = 512  # Params kept per shape for kernels that rebuild them (keyed by pointers)
+# Params kept per shape for kernels that rebuild them (keyed by pointers): the static buffers of a
+# CUDA graph or a serving loop reuse a few pointer sets; fresh activations miss anyway.
+# A model's layers of one shape each bring their own weight pointer, so 64 per shape; 2048 per kernel
+# over all its shapes bounds the memory (the C++ side, host/int8_gemm_launch.cpp, keeps the same bounds).
+_REBUILT_KEPT = 64
+_REBUILT_TOTAL = 2048
 # Problem shapes (M, N, K, pointer pattern, scalars, device) kept per kernel, oldest out first: a
 # server that sees every M keeps a bounded table (a dropped shape is prepared again on its next call).
-_SHAPES_KEPT = 4096
+# The soak (scripts/soak.py, H100) saw host memory still rising with 4096 shapes x 512 Params per shape,
+# and 256 shapes thrashing (re-preparing) on its M in 1..2000.
+_SHAPES_KEPT = 1024
 
 
 def _load_host_library(path: Path) -> ctypes.CDLL:
@@ -134,6 +141,7 @@ class GemmKernel:
         self._host_library = lib
         self._slot = {name: i for i, name in enumerate(self.pointer_names)}
         self._states: dict[tuple, _ShapeState] = {}
+        self._rebuilt_total = 0  # Params in the shapes' ``rebuilt`` tables (bounded by _REBUILT_TOTAL)
         self._workspaces: dict[int, Any] = {}  # device -> torch uint8 tensor, allocated once, grown rarely
         self._lock = threading.Lock()
         self._sm_counts: dict[int, int] = {}  # device -> SM count (overridable without a GPU, for tests)
@@ -177,6 +185,7 @@ class GemmKernel:
             ws = torch.zeros(size, dtype=torch.uint8, device=f"cuda:{device}")
             self._workspaces[device] = ws
             self._states = {k: v for k, v in self._states.items() if k[-1] != device}
+            self._rebuilt_total = sum(len(v.rebuilt) for v in self._states.values())
         return ws.data_ptr()
 
     @staticmethod
@@ -284,7 +293,7 @@ class GemmKernel:
             flags = tuple(bool(nonnull >> i & 1) for i in range(len(pointers)))
             state = self._states[key] = self._prepare(M, N, K, flags, scalars, device)
             if len(self._states) > _SHAPES_KEPT:
-                del self._states[next(iter(self._states))]  # the oldest
+                self._rebuilt_total -= len(self._states.pop(next(iter(self._states))).rebuilt)  # the oldest
         if state.words is None:
             return state, self._rebuilt(state, M, N, K, pointers)
         if state.view is None:
@@ -302,9 +311,15 @@ class GemmKernel:
             for offset, slot in state.arg_pointers:
                 struct.pack_into("<Q", args, offset, pointers[slot])
             params = self._build(args, M, N, K, state.workspace)[0]
+            if self._rebuilt_total >= _REBUILT_TOTAL:  # the kernel's bound: start over for every shape
+                for other in self._states.values():
+                    other.rebuilt.clear()
+                self._rebuilt_total = 0
             if len(state.rebuilt) >= _REBUILT_KEPT:
                 del state.rebuilt[next(iter(state.rebuilt))]  # the oldest
+                self._rebuilt_total -= 1
             state.rebuilt[key] = params
+            self._rebuilt_total += 1
         return params
 
     def _verify(self, state: _ShapeState, M, N, K, pointers, scalars, device) -> bool:
