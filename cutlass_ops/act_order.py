@@ -1,19 +1,18 @@
 """Act-order (GPTQ ``desc_act``): the K permutation of x that a weight stored in group order needs.
 
 :func:`checked_perm` returns ``perm`` as the int32 contiguous copy the kernels read, its range checked
-(0 <= perm < K: one host synchronisation) once per perm tensor and in-place version. The copy is kept
-in the weight's ``plan_cache`` entry; a weak reference guards against a freed tensor's id and address
-being reused by a new one.
+(0 <= perm < K: one host synchronisation) once per perm tensor and in-place version, kept while that
+tensor lives (``plan_cache.TensorMemo``).
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
-from cutlass_ops import plan_cache
+from cutlass_ops.plan_cache import TensorMemo
 
 __all__ = ["checked_perm"]
+
+_converted_perms = TensorMemo(256)  # perm tensor -> its checked int32 copy
 
 
 def checked_perm(qw, perm: torch.Tensor) -> torch.Tensor:
@@ -24,11 +23,10 @@ def checked_perm(qw, perm: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"perm must be an int32 or int64 tensor [K={qw.K}], got {got}")
     if torch.compiler.is_compiling():  # traced: index_select checks its indices on the device
         return perm
-    key = ("act_order.perm", id(perm), perm.data_ptr(), plan_cache.version(perm))
-    ref, perm32 = plan_cache.plan(qw, key, lambda: (weakref.ref(perm), _converted(perm, qw.K)))
-    if ref() is not perm:  # a new tensor with a freed one's id, address and version
-        ref, perm32 = weakref.ref(perm), _converted(perm, qw.K)
-        plan_cache.entry(qw).plans[key] = (ref, perm32)
+    perm32 = _converted_perms.get(perm)  # K is perm's own length: the check holds for any weight of that K
+    if perm32 is None:
+        perm32 = _converted(perm, qw.K)
+        _converted_perms.put(perm, perm32)
     return perm32
 
 

@@ -162,28 +162,21 @@ def linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = Non
     _check_devices("linear", "x", x, {"bias": bias} if perm is None else
                    {"bias": bias, "perm": perm if isinstance(perm, torch.Tensor) else None}, qw)
     if perm is not None:
-        perm32 = act_order.checked_perm(qw, perm)
-        if _through_op(x, bias, qw):  # a differentiable, traceable gather, then the op
-            x = x.index_select(-1, perm32)
-        else:
-            from cutlass_ops.weight_only import linear_weight_only
-            x2d = x.reshape(-1, qw.K).contiguous()
-            if x2d.shape[0] == 0:
-                return x.new_empty(*x.shape[:-1], qw.N)
-            out = linear_weight_only(x2d, qw, None if bias is None else bias.contiguous(), act, perm=perm32)
-            return out.reshape(*x.shape[:-1], qw.N)
+        perm = act_order.checked_perm(qw, perm)
     if _through_op(x, bias, qw):
+        if perm is not None:  # a differentiable, traceable gather, then the op
+            x = x.index_select(-1, perm)
         return torch.ops.cutlass_ops.linear(x, qw.qweight, qw.scale, qw.offset, qw.bits, qw.block_size, qw.N, qw.K,
                                             None if bias is None else bias.contiguous(), act)
     from cutlass_ops.weight_only import linear_weight_only
     if x.dim() == 2:  # the common case: no reshapes (each costs ~1.5 us of host time)
         if x.shape[0] == 0:
             return x.new_empty(0, qw.N)
-        return linear_weight_only(x.contiguous(), qw, None if bias is None else bias.contiguous(), act)
+        return linear_weight_only(x.contiguous(), qw, None if bias is None else bias.contiguous(), act, perm=perm)
     x2d = x.reshape(-1, qw.K).contiguous()
     if x2d.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], qw.N)
-    out = linear_weight_only(x2d, qw, None if bias is None else bias.contiguous(), act)
+    out = linear_weight_only(x2d, qw, None if bias is None else bias.contiguous(), act, perm=perm)
     return out.reshape(*x.shape[:-1], qw.N)
 
 

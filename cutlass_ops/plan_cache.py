@@ -9,6 +9,9 @@ Entries hold only weak references to the weight's tensors, so freeing a weight f
 
 Bounded: at most :data:`MAX_WEIGHTS` weights and :data:`MAX_PLANS_PER_WEIGHT` plans per weight,
 oldest weight first out, least recently used plan first out (a server that sees many M keeps a bounded set of plans).
+
+:class:`TensorMemo` is the same idea for one tensor that is not a weight (an act-order permutation, an
+epilogue input checked for NaN): a value kept while the tensor lives and is unchanged in place.
 """
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Callable, TypeVar
 
-__all__ = ["MAX_WEIGHTS", "MAX_PLANS_PER_WEIGHT", "WeightEntry", "entry", "plan", "clear", "stats", "version"]
+__all__ = ["MAX_WEIGHTS", "MAX_PLANS_PER_WEIGHT", "WeightEntry", "entry", "plan", "clear", "stats", "version",
+           "TensorMemo"]
 
 MAX_WEIGHTS = 4096
 MAX_PLANS_PER_WEIGHT = 64
@@ -96,6 +100,39 @@ def plan(qw, key: Any, build: Callable[[], T]) -> T:
         while len(plans) > MAX_PLANS_PER_WEIGHT:
             plans.popitem(last=False)
     return built
+
+
+class TensorMemo:
+    """A value derived from one tensor (a check passed, a converted copy), kept while that tensor is alive
+    and unchanged in place: keyed by its id and version, the entry dropped when the tensor is freed (so a
+    new tensor with a freed one's id never sees it), at most ``kept`` entries, least recently stored out."""
+
+    def __init__(self, kept: int):
+        self.kept = kept
+        self._values: OrderedDict[tuple, tuple] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, t) -> Any:
+        """The value stored for ``t`` at its current version, or None."""
+        try:  # per-call path: t._version directly (version() adds a call)
+            found = self._values.get((id(t), t._version))
+        except RuntimeError:  # an inference tensor
+            found = self._values.get((id(t), -1))
+        return found[1] if found is not None and found[0]() is t else None
+
+    def put(self, t, value) -> None:
+        key = (id(t), version(t))
+        values = self._values
+
+        def drop(_ref) -> None:
+            values.pop(key, None)
+        with self._lock:
+            values[key] = (weakref.ref(t, drop), value)
+            while len(values) > self.kept:
+                values.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._values)
 
 
 def clear() -> None:

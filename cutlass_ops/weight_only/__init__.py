@@ -51,6 +51,7 @@ from __future__ import annotations
 import torch
 
 from custom_kernels.device import capability, on_device
+from custom_kernels.launch import pdl_enabled
 from cutlass_ops import plan_cache
 
 from . import dispatch
@@ -93,7 +94,8 @@ assert set(PLANS) == set(STRATEGIES)
 def _build(qw, M: int, dtype: torch.dtype, device: int, strategy: str | None, config, gather: bool = False):
     cc = capability(device)
     chosen = strategy or choose_strategy(M, dtype, qw, cc)
-    gather = gather and chosen == "gemv_mma"  # the one strategy with an act-order plan (gather + PDL)
+    # the one strategy with an act-order plan: gather_k, then the GEMV as its programmatic dependent (Hopper)
+    gather = gather and chosen == "gemv_mma" and cc >= 90 and pdl_enabled()
     problem = strategy_problem(chosen, M, dtype, qw, cc)
     if problem is not None:
         raise ValueError(f"strategy={chosen!r} cannot run M={M}, N={qw.N}, K={qw.K}, bits={qw.bits}, "

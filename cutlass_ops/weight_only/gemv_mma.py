@@ -2,17 +2,17 @@
 sm_80+, with the operands swapped (W is the mma A operand) and K split across blocks when N alone
 leaves SMs idle (splitk.py).
 
-Act-order (``gather=True``, Hopper): a call with a K permutation first runs ``gather_k`` (x[:, perm] into
-a fresh buffer) and launches the GEMV built with WO_PDL_WAIT as its programmatic dependent, so the GEMV's
-weight loads overlap the gather (on older GPUs ``gather`` stays False and the caller gathers first)."""
+Act-order (:class:`GemvMmaGatherPlan`, Hopper with PDL: chosen in ``weight_only._build``): a call with a K
+permutation first runs ``gather_k`` (x[:, perm] into a fresh buffer) and launches the GEMV built with
+WO_PDL_WAIT as its programmatic dependent, so the GEMV's weight loads overlap the gather."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from custom_kernels.device import capability, sm_count
-from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel, pdl_enabled
+from custom_kernels.device import sm_count
+from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
 
 from .shared import ELEMENT, scale_offset_words
 from .splitk import SplitKGemvPlan
@@ -35,9 +35,10 @@ class GemvMmaPlan(SplitKGemvPlan):
     strategy = "gemv_mma"
     config_type = GemvMmaConfig
 
-    def __init__(self, qw, M: int, dtype, device: int, config: GemvMmaConfig | None = None, gather: bool = False):
+    gather = False  # GemvMmaGatherPlan: the act-order variant
+
+    def __init__(self, qw, M: int, dtype, device: int, config: GemvMmaConfig | None = None):
         config = config or default_gemv_mma_config(M, qw.bits)
-        self.gather = gather and capability(device) >= 90 and pdl_enabled()
         defines = {"WO_ELEMENT": ELEMENT[dtype], "WO_BITS": qw.bits, **config.defines(),
                    **({"WO_PDL_WAIT": 1} if self.gather else {})}
         ce = chunk_elems(qw.bits)
@@ -73,8 +74,7 @@ class GemvMmaPlan(SplitKGemvPlan):
 class GemvMmaGatherPlan(GemvMmaPlan):
     """The act-order plan (a class of its own: the plain plan's call stays one frame shorter)."""
 
-    def __init__(self, qw, M: int, dtype, device: int, config: GemvMmaConfig | None = None):
-        super().__init__(qw, M, dtype, device, config, gather=True)
+    gather = True
 
     def __call__(self, x: torch.Tensor, bias: int, act: int, out: torch.Tensor, perm: int = 0) -> None:
         """perm: the address of the int32 K permutation (act-order; plans with ``gather`` only)."""
