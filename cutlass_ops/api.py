@@ -234,15 +234,15 @@ def linear_w8a8(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None 
 
 
 def _gemm_impl():
-    """cutlass_ops.cutlass.int8_gemm_checked, imported on first use (a per-call import costs host time)."""
-    global _gemm_int8_gemm
-    if _gemm_int8_gemm is None:
-        from cutlass_ops.cutlass import int8_gemm_checked as impl
-        _gemm_int8_gemm = impl
-    return _gemm_int8_gemm
+    """cutlass_ops.cutlass.plan_for, imported on first use (a per-call import costs host time)."""
+    global _gemm_plan_for
+    if _gemm_plan_for is None:
+        from cutlass_ops.cutlass import plan_for
+        _gemm_plan_for = plan_for
+    return _gemm_plan_for
 
 
-_gemm_int8_gemm = None
+_gemm_plan_for = None
 
 
 _OUT_DTYPES_OK: set = set()  # (epilogue, out.dtype, out_dtype) already checked by _check_out_dtype
@@ -293,26 +293,43 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch=
             raise TypeError(f"out must be None or a torch.Tensor, got {type(out).__name__}")
         if out_dtype is None:
             out_dtype = out.dtype
-        _check_out_dtype(out, out_dtype, epilogue)
-        for name, t in (("A", A), ("B", B)):
-            if _overlap(out, t):
-                raise ValueError(f"out overlaps {name} in memory: the kernel would read what it writes")
     device = A.get_device()  # -1 on the CPU
     if device < 0 or B.get_device() != device:
         _check_devices("int8_gemm", "A", A, {"B": B, **{n: v for n, v in epilogue_args.items()
                                                          if isinstance(v, torch.Tensor)}})
-    # The epilogue's tensors (type, size, contiguity, device) are checked per input by the plan; the
-    # per-output-channel ones (weight-side constants) for NaN / Inf once per tensor version here.
-    if epilogue_args:
-        check_per_col_inputs(epilogue, epilogue_args)
+    A, B = A.contiguous(), B.contiguous()
+    plan = None
+    if not _is_compiling():
+        try:
+            plan = (_gemm_plan_for or _gemm_impl())(A.shape[0], device, epilogue, arch, out_dtype)
+        except (KeyError, ValueError):
+            pass  # an unknown epilogue or output type: the checks below raise the precise error
+        else:
+            # The plain case in C++, which itself hands back (None) an `out` overlapping A or B, an input
+            # asking for a gradient and a per-column input not yet checked for NaN / Inf.
+            D = plan.run_fast(A, B, out, epilogue_args, device)
+            if D is not None:
+                return D
+    # Everything else: the full checks, then the plan's Python path (or the op while torch.compile traces).
+    if out is not None:
+        _check_out_dtype(out, out_dtype, epilogue)
+        for name, t in (("A", A), ("B", B)):
+            if _overlap(out, t):
+                raise ValueError(f"out overlaps {name} in memory: the kernel would read what it writes")
+    # The per-output-channel inputs (weight-side constants) for NaN / Inf once per tensor version; the
+    # epilogue's tensors (type, size, contiguity, device) are checked per input by the plan.
+    finite = check_per_col_inputs(epilogue, epilogue_args) if epilogue_args else ()
     if epilogue_args and torch.is_grad_enabled():
         for value in epilogue_args.values():
             if value.__class__ is torch.Tensor and value.requires_grad:
                 _no_grad_inputs("int8_gemm", epilogue_args)  # raises, naming the input
     if _is_compiling():
         return _int8_gemm_op(A, B, epilogue, arch, out_dtype, out, epilogue_args)
-    return (_gemm_int8_gemm or _gemm_impl())(A.contiguous(), B.contiguous(), epilogue, arch, out_dtype, out,
-                                             epilogue_args, device)
+    if plan is None:
+        plan = (_gemm_plan_for or _gemm_impl())(A.shape[0], device, epilogue, arch, out_dtype)
+    if finite:
+        plan.mark_finite(finite)
+    return plan.run(A, B, out, epilogue_args, device)
 
 
 def int8_gemm_requant(A_q: torch.Tensor, W_q: torch.Tensor, M_scale: torch.Tensor, fused_bias: torch.Tensor,

@@ -14,11 +14,23 @@ import torch
 import epilogues
 from cutlass_ops.plan_cache import TensorMemo
 
-__all__ = ["check_finite_once", "check_per_col_inputs", "KEPT"]
+__all__ = ["all_finite", "check_finite_once", "check_per_col_inputs", "KEPT", "HOST_CHECK_MAX"]
 
 KEPT = 4096  # tensors remembered as checked
 _checked = TensorMemo(KEPT)
 _per_col: dict[str, tuple[str, ...]] = {}  # epilogue name -> its per_col input names
+
+
+HOST_CHECK_MAX = 1 << 20  # elements: smaller CUDA tensors are checked in a host copy
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds no NaN / Inf (a host synchronisation). A small CUDA tensor is copied to the host
+    and checked there: in a fresh process the first launch of torch's isfinite / all kernels costs ~10-30 ms
+    each (CUDA lazy module loading), a copy of up to 4 MiB well under one."""
+    if t.is_cuda and t.numel() <= HOST_CHECK_MAX:
+        t = t.cpu()
+    return bool(torch.isfinite(t).all())
 
 
 def check_finite_once(t: torch.Tensor, name: str) -> None:
@@ -29,21 +41,26 @@ def check_finite_once(t: torch.Tensor, name: str) -> None:
     if not t.is_floating_point() or torch.compiler.is_compiling() or (
             t.is_cuda and torch.cuda.is_current_stream_capturing()):
         return
-    if t.numel() and not bool(torch.isfinite(t).all()):
+    if t.numel() and not all_finite(t):
         raise ValueError(f"{name} holds NaN or Inf values; the kernel would write them into the output")
     _checked.put(t, True)
 
 
-def check_per_col_inputs(epilogue: str, inputs: dict) -> None:
-    """:func:`check_finite_once` on every per-output-channel tensor input of ``epilogue``."""
+def check_per_col_inputs(epilogue: str, inputs: dict) -> list[torch.Tensor]:
+    """:func:`check_finite_once` on every per-output-channel tensor input of ``epilogue``; the inputs
+    now known to be finite at their current version (the C++ per-call path remembers them)."""
     names = _per_col.get(epilogue)
     if names is None:
         try:
             spec = epilogues.get(epilogue)
         except (KeyError, ValueError):
-            return  # an unknown epilogue: the plan raises the precise error
+            return []  # an unknown epilogue: the plan raises the precise error
         names = _per_col[epilogue] = tuple(n for n, kind in spec.inputs if kind == "per_col")
+    checked = []
     for n in names:
         t = inputs.get(n)
         if t.__class__ is torch.Tensor:
             check_finite_once(t, n)
+            if _checked.get(t) is not None:
+                checked.append(t)
+    return checked

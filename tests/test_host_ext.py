@@ -21,10 +21,22 @@ def test_unregistered_shape_goes_back_to_python(ext):
     A = torch.zeros(16, 64, dtype=torch.int8)
     B = torch.zeros(32, 64, dtype=torch.int8)
     inputs = dict(scale_row=torch.ones(16), scale_col=torch.ones(32), bias=None)
-    assert ext.run(plan, A, B, 0, None, inputs, 0) is None  # no launch function, no state: Python's turn
+    assert ext.run(plan, A, B, 0, None, inputs, 0, True) is None  # no launch function, no state: Python's turn
     assert ext.state_count(plan) == 0
 
 
 def test_build_is_cached(ext):
     first = host_ext.build()
     assert first == host_ext.build() and any(first.glob("*.so"))
+
+
+def test_finite_marks_are_bounded(ext):
+    """mark_finite remembers checked per-column inputs (by TensorImpl, version), at most 4096 of them."""
+    before = ext.finite_count()
+    kept = [torch.ones(8) for _ in range(3)]
+    ext.mark_finite(kept)
+    assert ext.finite_count() == before + 3
+    ext.mark_finite(kept)  # the same tensors again: no new entries
+    assert ext.finite_count() == before + 3
+    ext.mark_finite([torch.ones(1) for _ in range(5000)])
+    assert ext.finite_count() <= 4096

@@ -4,7 +4,8 @@
 // Why: the same steps in Python cost 8-10 us per call (about 25 tensor-method calls and the
 // bookkeeping around them); here they cost about one. Python keeps every rule and every error
 // message: run() returns None whenever anything is not the plain case (a missing or extra input, a
-// wrong dtype, size, device or alignment, a shape whose Params were never prepared), and the caller
+// wrong dtype, size, device or alignment, an input asking for a gradient, a per-column input not yet
+// checked for NaN / Inf, `out` overlapping A or B, a shape whose Params were never prepared), and the caller
 // then takes the Python path, which raises the precise error or prepares the shape and registers
 // it here. The Params of a shape are registered only after Python verified that patching their
 // pointer words gives the same bytes as building them afresh.
@@ -95,6 +96,31 @@ struct Plan {
 // Never destroyed: its Python strings must not be released after the interpreter has finalized.
 std::vector<std::unique_ptr<Plan>>& g_plans = *new std::vector<std::unique_ptr<Plan>>();
 
+// Per-output-channel inputs Python found free of NaN / Inf (cutlass_ops/finite_check.py), at the in-place
+// version it checked. The weak reference keeps the TensorImpl's memory (not its storage) alive, so while
+// an entry exists no other tensor can have its address: a hit is the same tensor.
+using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+struct Checked {
+  WeakImpl ref;
+  int64_t version;
+};
+std::unordered_map<const c10::TensorImpl*, Checked>& g_finite =
+    *new std::unordered_map<const c10::TensorImpl*, Checked>();
+constexpr size_t kFiniteKept = 4096;  // as finite_check.KEPT; past that the table starts over
+
+// Inference tensors have no version counter (-1, as plan_cache.version).
+int64_t version_of(const at::Tensor& t) { return t.is_inference() ? -1 : static_cast<int64_t>(t._version()); }
+
+bool finite_checked(const at::Tensor& t) {
+  auto hit = g_finite.find(t.unsafeGetTensorImpl());
+  return hit != g_finite.end() && hit->second.version == version_of(t);
+}
+
+// Whether the byte spans of two contiguous tensors intersect (`out` must not alias A or B).
+bool overlaps(uint64_t a, int64_t a_bytes, uint64_t b, int64_t b_bytes) {
+  return a < b + static_cast<uint64_t>(b_bytes) && b < a + static_cast<uint64_t>(a_bytes);
+}
+
 bool float_input_ok(const at::Tensor& t, int kind, int64_t M, int64_t N, int device) {
   if (t.scalar_type() != at::kFloat || !t.is_contiguous() || t.get_device() != device) return false;
   if (kind == 2) return t.dim() == 2 && t.size(0) == M && t.size(1) == N;
@@ -104,6 +130,16 @@ bool float_input_ok(const at::Tensor& t, int kind, int64_t M, int64_t N, int dev
 }  // namespace
 
 void set_launch_function(int64_t address) { g_launch = reinterpret_cast<LaunchKernelEx>(address); }
+
+// Remember that Python checked these per-column inputs for NaN / Inf at their current version.
+void mark_finite(const std::vector<at::Tensor>& tensors) {
+  for (const at::Tensor& t : tensors) {
+    if (g_finite.size() >= kFiniteKept) g_finite.clear();
+    g_finite.insert_or_assign(t.unsafeGetTensorImpl(), Checked{WeakImpl(t.getIntrusivePtr()), version_of(t)});
+  }
+}
+
+int64_t finite_count() { return static_cast<int64_t>(g_finite.size()); }
 
 int64_t register_plan(int64_t slot_A, int64_t slot_B, int64_t slot_C, int64_t slot_D, bool c_is_d, int64_t always,
                       int64_t align_D, const at::Tensor& out_example,
@@ -208,8 +244,10 @@ bool register_params(int64_t plan_id, int64_t M, int64_t N, int64_t K, int64_t n
 
 // D for operands the caller checked (int8, 2-D, contiguous, same K, A and B on `device`), or None
 // for the Python path; an int is a failed launch's CUresult.
+// need_finite: cutlass_ops.int8_gemm's call, whose per-column inputs must have been checked for NaN / Inf
+// (the library's own callers pass false: their inputs are module buffers checked where they are made).
 py::object run(int64_t plan_id, const at::Tensor& A, const at::Tensor& B, int64_t device, py::handle out_obj,
-               py::dict inputs, int64_t stream) {
+               py::dict inputs, int64_t stream, bool need_finite) {
   Plan& p = *g_plans[plan_id];
   const int64_t M = A.size(0), K = A.size(1), N = B.size(0);
   if (M == 0 || N == 0 || K == 0 || K % 16 || N % p.align_D || g_launch == nullptr) return py::none();
@@ -231,6 +269,9 @@ py::object run(int64_t plan_id, const at::Tensor& A, const at::Tensor& B, int64_
     if (!THPVariable_Check(v)) return py::none();
     const at::Tensor& t = THPVariable_Unpack(v);
     if (!float_input_ok(t, in.kind, M, N, dev)) return py::none();
+    // Python raises for these: an input asking for a gradient, a per-column input not yet checked.
+    if (t.requires_grad() && at::GradMode::is_enabled()) return py::none();
+    if (need_finite && in.kind == 1 && !finite_checked(t)) return py::none();
     const uint64_t q = reinterpret_cast<uint64_t>(t.data_ptr());
     ptr[in.slot] = q;
     misaligned |= q;
@@ -248,6 +289,9 @@ py::object run(int64_t plan_id, const at::Tensor& A, const at::Tensor& B, int64_
     if (out.scalar_type() != p.out_dtype || out.dim() != 2 || out.size(0) != M || out.size(1) != N ||
         !out.is_contiguous() || out.get_device() != dev)
       return py::none();
+    const uint64_t d = reinterpret_cast<uint64_t>(out.data_ptr());
+    if (overlaps(d, out.nbytes(), ptr[p.slot_A], A.nbytes()) || overlaps(d, out.nbytes(), ptr[p.slot_B], B.nbytes()))
+      return py::none();  // Python raises: the kernel would read what it writes
   }
   ptr[p.slot_D] = reinterpret_cast<uint64_t>(out.data_ptr());
   misaligned |= ptr[p.slot_D];
@@ -280,5 +324,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_state", &register_state);
   m.def("register_params", &register_params);
   m.def("run", &run);
+  m.def("mark_finite", &mark_finite);
+  m.def("finite_count", &finite_count);
   m.def("state_count", &state_count);
 }

@@ -13,7 +13,8 @@ Modules, one concept each: :mod:`.spec` (what names a kernel), :mod:`.bridge` (t
 ``cutlass_cppgen``), :mod:`.emit` (sources from the interface and ``templates/``), :mod:`.build`
 (nvcc into the content-addressed cache), :mod:`.arguments` (the ``Arguments`` struct without the
 interface), :mod:`.kernel` (Params and the launch), :mod:`.fast` (the C++ per-call path),
-:mod:`.tuning` (tiles per GPU and M bucket), :mod:`.plan` (the plan and its cache).
+:mod:`.tuning` (tiles per GPU and M bucket), :mod:`.padding` (any N and K: zero-padded operands),
+:mod:`.plan` (the plan and its cache).
 
 The entry points take operands their caller has checked (int8, 2-D, contiguous, the same K, on
 one CUDA device: ``cutlass_ops.int8_gemm`` does it once); the plan checks its kernel's own rules.
@@ -55,7 +56,9 @@ def int8_gemm(A: torch.Tensor, B: torch.Tensor, epilogue: str = "none", *, arch:
     ``epilogue`` names an entry of the ``epilogues`` registry ("none" -> int32 D; "dequant",
     "dequant_relu", "dequant_relu6" -> f16/bf16/f32 with scale_row [M], scale_col [N], bias [N];
     "requant"; "kblock_accumulate"); its inputs are passed as keyword arguments. ``arch`` forces a
-    kernel generation (75, 80, 90). Requires K % 16 == 0 and N a multiple of 16 bytes of D.
+    kernel generation (75, 80, 90). Any N and K: where K % 16 != 0 or N is not a multiple of 16 bytes
+    of D, the same kernel runs on zero-padded operands (:mod:`.padding`; A copied per call, the padded
+    B and per-column inputs kept per tensor) and D is returned as a contiguous [M, N].
     """
     return int8_gemm_checked(A, B, epilogue, arch, out_dtype, out, epilogue_args)
 
@@ -64,7 +67,7 @@ def int8_gemm_requant(A_q: torch.Tensor, W_q: torch.Tensor, M_scale: torch.Tenso
                       fused_bias: torch.Tensor | None, *, clamp: tuple[int, int] = (-128, 127),
                       arch: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """O_q = clamp(round_half_even(M_scale[n] * (A_q @ W_q^T + fused_bias[n])), *clamp) as int8
-    (``clamp`` checked by the caller: -128 <= lo <= hi <= 127)."""
+    (``clamp`` checked by the caller: -128 <= lo <= hi <= 127). Any N and K, as :func:`int8_gemm`."""
     lo, hi = int(clamp[0]), int(clamp[1])
     if (lo, hi) == (-128, 127):
         return int8_gemm(A_q, W_q, "requant", arch=arch, out=out, multiplier=M_scale, fused_bias=fused_bias)

@@ -47,8 +47,10 @@ class FastPath:
         return cls(ext, plan_id, kernel)
 
     def run(self, A: torch.Tensor, B: torch.Tensor, device: int, out: torch.Tensor | None,
-            inputs: dict[str, Any]) -> torch.Tensor | None:
-        D = self._ext.run(self._id, A, B, device, out, inputs, raw_stream(device))
+            inputs: dict[str, Any], need_finite: bool = False) -> torch.Tensor | None:
+        """D, or None for the Python path; ``need_finite``: hand back per-column inputs not marked as
+        checked for NaN / Inf (:meth:`mark_finite`), as ``cutlass_ops.int8_gemm`` requires."""
+        D = self._ext.run(self._id, A, B, device, out, inputs, raw_stream(device), need_finite)
         if D.__class__ is int:  # the launch failed: decode the CUresult
             from cuda.bindings import driver
 
@@ -76,6 +78,11 @@ class FastPath:
             if params is not None and not self._ext.register_params(self._id, M, N, K, nonnull, device,
                                                                      list(pointers), bytes(params)):
                 self._registered.discard(key)  # the extension's table started over: register again next call
+
+    def mark_finite(self, tensors: list[torch.Tensor]) -> None:
+        """Tell the extension these per-column inputs were checked for NaN / Inf (until changed in place)."""
+        if tensors:
+            self._ext.mark_finite(tensors)
 
     @property
     def shapes(self) -> int:

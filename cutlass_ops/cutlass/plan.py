@@ -6,10 +6,11 @@ torch Linear layout. A plan is one kernel (:class:`GemmKernelSpec`, picked by :m
 bucket), loaded lazily from the build cache (built first if ``scripts/build_kernels.py`` did not).
 
 The operands' general rules (int8, 2-D, contiguous, the same K, one CUDA device) are the caller's
-(``cutlass_ops.int8_gemm`` checks them once); a plan checks only its kernel's rules (K and N
-alignment, the epilogue's inputs, D, 16-byte aligned pointers) with cheap inline tests, calling
-the precise checks for their messages only when one fails. A shape seen before goes through the
-C++ per-call path (:mod:`.fast`), which hands back whatever is not the plain case.
+(``cutlass_ops.int8_gemm`` checks them once); a plan checks only its kernel's rules (the epilogue's
+inputs, D, 16-byte aligned pointers) with cheap inline tests, calling the precise checks for their
+messages only when one fails. Any N and K: a problem whose K is not a multiple of 16 or whose N is
+not a multiple of 16 bytes of D runs on zero-padded operands (:mod:`.padding`). A shape seen before
+goes through the C++ per-call path (:mod:`.fast`), which hands back whatever is not the plain case.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from custom_kernels.device import capability
 from .build import build, lookup
 from .fast import FastPath
 from .kernel import GemmKernel
+from .padding import pad_operands, padded_sizes
 from .spec import GemmKernelSpec
 from .tuning import ALIGNMENT_K, BUCKETS, bucket_limits, kernel_spec, resolve_arch, target_arch_for
 
@@ -93,8 +95,11 @@ class Int8Gemm:
             D = fast.run(A, B, device, out, inputs)
             if D is not None:
                 return D
-        if not (A.shape[0] and B.shape[0] and A.shape[1]):
+        K, N = A.shape[1], B.shape[0]
+        if not (A.shape[0] and N and K):
             return self._empty(A, B, out, inputs, device)
+        if K % ALIGNMENT_K or N % self.spec.alignment_D:
+            return self._run_padded(A, B, out, inputs, device)
         M, N, K, pointers, nonnull, scalars, out = self._arguments(A, B, out, device, inputs)
         kernel = self._kernel or self.kernel
         kernel.launch(M, N, K, pointers, scalars, device=device, nonnull=nonnull)
@@ -104,6 +109,43 @@ class Int8Gemm:
         if fast:
             fast.register(M, N, K, nonnull, device, pointers)
         return out
+
+    def _run_padded(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, inputs: dict[str, Any],
+                     device: int) -> torch.Tensor:
+        """K not a multiple of 16 or N not of alignment_D: this kernel on zero-padded operands (exact:
+        zero K columns add 0 to the accumulator), D = D_pad[:, :N] as a contiguous [M, N] (or in ``out``).
+
+        The inputs and ``out`` are checked against the caller's M and N first, so errors name those."""
+        M, K = A.shape
+        N = B.shape[0]
+        for name, kind in self._inputs:
+            value = inputs.get(name)
+            if value is not None:
+                _check_input(name, kind, value, M, N, device)
+        if out is not None and (out.shape != (M, N) or out.dtype != self.out_dtype or not out.is_contiguous()
+                                or out.get_device() != device):
+            _bad_out(out, M, N, self.out_dtype, A)
+        N_pad, K_pad = padded_sizes(N, K, self.spec.alignment_D)
+        A_pad, B_pad, inputs_pad = pad_operands(A, B, inputs, self._inputs, N_pad, K_pad)
+        if N_pad == N:  # only K padded: D_pad is D
+            return self.run(A_pad, B_pad, out, inputs_pad, device)
+        D_pad = self.run(A_pad, B_pad, None, inputs_pad, device)
+        if out is None:
+            return D_pad[:, :N].contiguous()
+        return out.copy_(D_pad[:, :N])
+
+    def run_fast(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, inputs: dict[str, Any],
+                 device: int) -> torch.Tensor | None:
+        """The C++ per-call path alone, for ``cutlass_ops.int8_gemm``: D, or None when it hands the call
+        back (then :meth:`run`), which includes per-column inputs not yet marked by :meth:`mark_finite`."""
+        fast = self._fast
+        return fast.run(A, B, device, out, inputs, True) if fast else None
+
+    def mark_finite(self, tensors: list[torch.Tensor]) -> None:
+        """Per-column inputs checked for NaN / Inf, so that the C++ path takes them from now on."""
+        fast = self._fast
+        if fast:
+            fast.mark_finite(tensors)
 
     def _empty(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, inputs: dict[str, Any],
                device: int) -> torch.Tensor:
@@ -172,8 +214,7 @@ class Int8Gemm:
             # sizes as separate ints: torch's argument parser takes them faster than a tuple
             out = torch.empty(M, N, dtype=self.out_dtype, device=_cuda_device(device))
         elif out.shape != (M, N) or out.dtype != self.out_dtype or not out.is_contiguous() or out.get_device() != device:
-            raise ValueError(f"out must be a contiguous {self.out_dtype} tensor [M={M}, N={N}] on {A.device}, "
-                             f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+            _bad_out(out, M, N, self.out_dtype, A)
         pointers[slots.D] = d = out.data_ptr()
         misaligned |= d
         if slots.C_is_D:
@@ -205,8 +246,14 @@ def _missing(epilogue: str, name: str):
     raise ValueError(f"epilogue {epilogue!r} needs the scalar {name}")
 
 
+def _bad_out(out: torch.Tensor, M: int, N: int, dtype: torch.dtype, A: torch.Tensor):
+    raise ValueError(f"out must be a contiguous {dtype} tensor [M={M}, N={N}] on {A.device}, "
+                     f"got {out.dtype} {tuple(out.shape)} on {out.device}")
+
+
 def check_sizes(M: int, N: int, K: int, align_D: int, element_D: str) -> None:
-    """The kernels' own size rules: a non-empty problem, K a multiple of 16, N of D's alignment."""
+    """The kernels' own size rules: a non-empty problem, K a multiple of 16, N of D's alignment (a plan
+    runs other sizes on padded operands; ``launch_arguments``, which launches as given, refuses them)."""
     if M == 0 or N == 0 or K == 0:
         raise ValueError(f"empty GEMM: M={M}, N={N}, K={K}")
     if K % ALIGNMENT_K:

@@ -31,7 +31,8 @@ BUCKETS = ("small", "medium", "large")
 # Output types a bucket's "float_out" tile applies to.
 FLOAT_OUTPUTS = frozenset({"f16", "bf16", "f32"})
 # A and B rows must be 16-byte aligned: every kernel here loads int8 operands 16 elements at a time
-# (cp.async / TMA), the only alignment the generator offers for int8 TensorOp GEMMs.
+# (cp.async / TMA), the only alignment the generator offers for int8 TensorOp GEMMs. Other K (and N
+# not a multiple of alignment_D) run on zero-padded operands: padding.py.
 ALIGNMENT_K = 16
 _ELEMENT_BYTES = {"s8": 1, "f16": 2, "bf16": 2, "s32": 4, "f32": 4}
 

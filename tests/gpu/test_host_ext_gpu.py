@@ -116,3 +116,35 @@ def test_cpp_path_in_a_cuda_graph():
 def test_the_cpp_path_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("CUTLASS_OPS_HOST_EXT", "0")
     assert host_ext.load() is None
+
+
+@pytest.mark.parametrize("arch", _archs())
+def test_cpp_path_hands_back_what_python_must_refuse(arch):
+    """The checks the C++ path leaves to Python (out aliasing an operand, an input asking for a gradient,
+    a per-column input changed in place to NaN) still raise once that path has taken the shape."""
+    M, N, K = 32, 256, 256
+    g = torch.Generator().manual_seed(arch)
+    buf = torch.empty(M * N * 2 + M * K, dtype=torch.int8, device="cuda")
+    out = buf[: M * N * 2].view(torch.float16).view(M, N)
+    A = buf[M * N * 2:].view(M, K)
+    A.copy_(torch.randint(-128, 128, (M, K), dtype=torch.int8, generator=g))
+    B = torch.randint(-128, 128, (N, K), dtype=torch.int8, generator=g).cuda()
+    inputs = _inputs("dequant", M, N, g)
+    for _ in range(3):  # registers the shape and the pointers, then the C++ path takes the call
+        cutlass_ops.int8_gemm(A, B, "dequant", arch=arch, out=out, **inputs)
+    plan = gemm.plan_for(M, 0, "dequant", arch, torch.float16)
+    assert plan.run_fast(A, B, out, inputs, 0) is out, "the plain case runs in C++"
+    overlapping = buf[M * N:M * N + M * N * 2].view(torch.float16).view(M, N)  # out's second half + A's start
+    with pytest.raises(ValueError, match="out overlaps A"):
+        cutlass_ops.int8_gemm(A, B, "dequant", arch=arch, out=overlapping, **inputs)
+    with pytest.raises(RuntimeError, match="scale_col requires grad"):
+        cutlass_ops.int8_gemm(A, B, "dequant", arch=arch, out=out,
+                              **{**inputs, "scale_col": inputs["scale_col"].clone().requires_grad_()})
+    inputs["scale_col"][5] = float("nan")  # in place: a new version, unchecked, so C++ hands it back
+    with pytest.raises(ValueError, match="scale_col holds NaN"):
+        cutlass_ops.int8_gemm(A, B, "dequant", arch=arch, out=out, **inputs)
+    inputs["scale_col"][5] = 1e-3
+    again = cutlass_ops.int8_gemm(A, B, "dequant", arch=arch, **inputs)
+    ref = epilogues.get("dequant").reference((A.double() @ B.double().T).round().long().cpu(), None, **inputs)
+    assert (again.cpu().double() - ref).abs().max() <= 2e-3 * max(1.0, ref.abs().max())
+    assert host_ext.load().finite_count() >= 1

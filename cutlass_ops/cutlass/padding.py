@@ -1,0 +1,101 @@
+"""Any N and K for the int8 GEMM plans: the same kernel on zero-padded operands.
+
+Every kernel reads int8 rows of A and B 16 elements at a time (K % 16 == 0, :data:`.tuning.ALIGNMENT_K`)
+and stores D 16 bytes at a time (N % alignment_D == 0, in elements of D). A problem that misses either
+runs as the padded problem
+
+    A_pad [M, K16] = [A | 0]          K16 = round_up(K, 16)                 per call (when K16 != K)
+    B_pad [N_pad, K16] = [[B | 0]; 0] N_pad = round_up(N, alignment_D)      memoized per B tensor
+    per_col inputs -> [N_pad] (zeros after N)                               memoized per tensor
+    matrix inputs [M, N] -> [M, N_pad] (zero columns)                       per call
+    per_row inputs and scalars                                              as they are
+
+and D = D_pad[:, :N]. Zero columns along K add 0 to each int32 accumulator, so D is exactly the
+unpadded D; the N_pad - N extra columns of D_pad are computed and dropped. B and the per-column
+inputs are weight-side constants, so their padded copies are kept (:class:`~cutlass_ops.plan_cache.TensorMemo`:
+by tensor identity and in-place version, dropped with the tensor): a repeated call with the same
+weight copies only A. While a CUDA graph is captured nothing is memoized: the copies become part of
+the graph, so a replay reads B's current values as the unpadded path does.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from cutlass_ops.plan_cache import TensorMemo
+
+from .tuning import ALIGNMENT_K
+
+__all__ = ["KEPT", "round_up", "padded_sizes", "needs_padding", "pad_columns", "pad_weight", "pad_per_col",
+           "pad_operands"]
+
+KEPT = 4096  # weight-side tensors whose padded copies are kept (B matrices and per-column vectors)
+_padded = TensorMemo(KEPT)  # tensor -> {(rows, cols): its zero-padded copy}
+
+
+def round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def padded_sizes(N: int, K: int, align_D: int) -> tuple[int, int]:
+    """(N_pad, K16): the smallest sizes the kernels take, N_pad a multiple of ``align_D`` (elements of
+    D per 16-byte store), K16 a multiple of 16 (int8 elements per 16-byte load of A and B)."""
+    return round_up(N, align_D), round_up(K, ALIGNMENT_K)
+
+
+def needs_padding(N: int, K: int, align_D: int) -> bool:
+    return bool(K % ALIGNMENT_K or N % align_D)
+
+
+def pad_columns(t: torch.Tensor, cols: int) -> torch.Tensor:
+    """``t`` [rows, c] with zero columns up to ``cols``, a fresh contiguous tensor (``t`` itself when
+    c == cols). Per call: A and matrix-kind epilogue inputs change every call."""
+    extra = cols - t.shape[1]
+    return F.pad(t, (0, extra)) if extra else t
+
+
+def _memoized(t: torch.Tensor, key: tuple[int, int], make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``make()``, kept for ``t`` at its current version under ``key`` (not during graph capture: a
+    copy made there is filled only by the graph's replays)."""
+    if t.is_cuda and torch.cuda.is_current_stream_capturing():
+        return make()
+    copies = _padded.get(t)
+    if copies is None:
+        copies = {}
+        _padded.put(t, copies)
+    found = copies.get(key)
+    if found is None:
+        found = copies[key] = make()
+    return found
+
+
+def pad_weight(B: torch.Tensor, N_pad: int, K_pad: int) -> torch.Tensor:
+    """B [N, K] with zero rows up to N_pad and zero columns up to K_pad (memoized per B and version)."""
+    N, K = B.shape
+    if (N, K) == (N_pad, K_pad):
+        return B
+    return _memoized(B, (N_pad, K_pad), lambda: F.pad(B, (0, K_pad - K, 0, N_pad - N)))
+
+
+def pad_per_col(v: torch.Tensor, N_pad: int) -> torch.Tensor:
+    """A per-column input ([N], [1, N] or [N, 1]) as a 1-D [N_pad] with zeros after N (memoized)."""
+    N = v.numel()
+    if N == N_pad:
+        return v
+    return _memoized(v, (1, N_pad), lambda: F.pad(v.reshape(-1), (0, N_pad - N)))
+
+
+def pad_operands(A: torch.Tensor, B: torch.Tensor, inputs: dict[str, Any], kinds: tuple[tuple[str, str], ...],
+                 N_pad: int, K_pad: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """(A_pad, B_pad, inputs_pad) of the padded problem; ``kinds``: the epilogue's (name, kind) tensor
+    inputs. Inputs that are absent, None or not the epilogue's pass through (the plan names them)."""
+    padded = dict(inputs)
+    if N_pad != B.shape[0]:
+        for name, kind in kinds:
+            value = inputs.get(name)
+            if value is None or kind == "per_row":
+                continue
+            padded[name] = pad_per_col(value, N_pad) if kind == "per_col" else pad_columns(value, N_pad)
+    return pad_columns(A, K_pad), pad_weight(B, N_pad, K_pad), padded

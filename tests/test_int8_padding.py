@@ -1,0 +1,132 @@
+"""The padding behind any-N/any-K int8 GEMMs (cutlass_ops/cutlass/padding.py), on the CPU: padded
+sizes, zero fill, the memo of weight-side copies (reused, redone after an in-place change, dropped
+with the tensor), and, for every registered epilogue, that the epilogue of the padded problem sliced
+to [M, N] equals the epilogue of the problem itself (float64 references, exact integer accumulators).
+The kernels on padded operands: tests/gpu/test_int8_any_shape_gpu.py."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+import epilogues
+from cutlass_ops.cutlass import padding
+from cutlass_ops.cutlass.tuning import ALIGNMENT_K, alignment_D
+
+
+def _int8(*shape, seed=0) -> torch.Tensor:
+    return torch.randint(-128, 128, shape, dtype=torch.int8, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("N,K,align_D,expected", [
+    (257, 1000, 4, (260, 1008)),    # int32 / f32 D on Sm90
+    (1000, 3, 16, (1008, 16)),      # int8 D: 1000 = 62.5 x 16
+    (1, 1, 8, (8, 16)),
+    (4097, 4097, 8, (4104, 4112)),
+    (1024, 4096, 16, (1024, 4096)),  # aligned: unchanged
+])
+def test_padded_sizes(N, K, align_D, expected):
+    assert padding.padded_sizes(N, K, align_D) == expected
+    assert padding.needs_padding(N, K, align_D) == (expected != (N, K))
+
+
+def test_alignments_are_16_bytes_of_D():
+    """What the sizes are rounded to: K to 16 int8 elements, N to 16 bytes of D (2.x int32: 8 elements)."""
+    assert ALIGNMENT_K == 16
+    assert [alignment_D(90, e) for e in ("s8", "f16", "bf16", "f32", "s32")] == [16, 8, 8, 4, 4]
+    assert alignment_D(80, "s32") == alignment_D(75, "s32") == 8
+
+
+def test_pad_columns_and_weight_fill_zeros():
+    A, B = _int8(3, 5), _int8(7, 5, seed=1)
+    A_pad = padding.pad_columns(A, 16)
+    assert A_pad.shape == (3, 16) and A_pad.is_contiguous()
+    assert torch.equal(A_pad[:, :5], A) and not A_pad[:, 5:].any()
+    B_pad = padding.pad_weight(B, 8, 16)
+    assert B_pad.shape == (8, 16) and B_pad.is_contiguous()
+    assert torch.equal(B_pad[:7, :5], B) and not B_pad[7:].any() and not B_pad[:, 5:].any()
+    aligned = _int8(16, 32)
+    assert padding.pad_columns(aligned, 32) is aligned and padding.pad_weight(aligned, 16, 32) is aligned
+
+
+def test_weight_copy_is_reused_redone_after_in_place_change_and_dropped_with_the_tensor():
+    B = _int8(257, 1000)
+    first = padding.pad_weight(B, 260, 1008)
+    assert padding.pad_weight(B, 260, 1008) is first  # the same weight: no second copy
+    other_shape = padding.pad_weight(B, 272, 1008)  # another D alignment of the same weight: its own copy
+    assert other_shape is not first and padding.pad_weight(B, 272, 1008) is other_shape
+    assert padding.pad_weight(B.clone(), 260, 1008) is not first  # keyed on identity, not on values
+    B[0, 0] = B[0, 0] + 1  # in place: a new version, re-padded with the new values
+    again = padding.pad_weight(B, 260, 1008)
+    assert again is not first and torch.equal(again[:257, :1000], B) and not torch.equal(first[:257, :1000], B)
+    kept = len(padding._padded)
+    del B, first, other_shape, again
+    gc.collect()
+    assert len(padding._padded) < kept  # freed with the weight
+
+
+@pytest.mark.parametrize("shape", [(257,), (1, 257), (257, 1)])
+def test_per_col_input_padded_to_1d_and_memoized(shape):
+    v = torch.randn(shape)
+    v_pad = padding.pad_per_col(v, 272)
+    assert v_pad.shape == (272,) and torch.equal(v_pad[:257], v.reshape(-1)) and not v_pad[257:].any()
+    assert padding.pad_per_col(v, 272) is v_pad
+    v.mul_(2.0)
+    assert torch.equal(padding.pad_per_col(v, 272)[:257], v.reshape(-1))
+    assert padding.pad_per_col(v, 257) is v  # N already aligned: the tensor itself
+
+
+def test_inference_tensors_are_memoized_too():
+    with torch.inference_mode():
+        B = _int8(3, 17)
+    assert padding.pad_weight(B, 16, 32) is padding.pad_weight(B, 16, 32)
+
+
+def _epilogue_inputs(spec, M: int, N: int, gen: torch.Generator) -> dict:
+    inputs = {}
+    for name, kind in spec.inputs:
+        if kind == "scalar":
+            inputs[name] = {"lo": -100.0, "hi": 90.0}.get(name, 1.0)
+        elif kind == "matrix":
+            inputs[name] = torch.randn(M, N, generator=gen)
+        else:
+            inputs[name] = torch.rand(M if kind == "per_row" else N, generator=gen) * 1e-3 + 1e-4
+    return inputs
+
+
+@pytest.mark.parametrize("name,element", [(n, e) for n in epilogues.names() for e in epilogues.get(n).output_dtypes])
+@pytest.mark.parametrize("M,N,K", [(1, 3, 257), (33, 257, 1000), (5, 1000, 3)])
+def test_padded_problem_gives_the_same_D(name, element, M, N, K):
+    """pad_operands on every input kind: per_row untouched, per_col and matrix padded to N_pad, A and B
+    with zeros; D_pad[:, :N] of the float64 reference is D of the original problem, bit for bit."""
+    gen = torch.Generator().manual_seed(M * N + K)
+    spec = epilogues.get(name)
+    A, B = _int8(M, K, seed=1), _int8(N, K, seed=2)
+    inputs = _epilogue_inputs(spec, M, N, gen)
+    N_pad, K_pad = padding.padded_sizes(N, K, alignment_D(90, element))
+    A_pad, B_pad, padded = padding.pad_operands(A, B, inputs, spec.tensor_inputs, N_pad, K_pad)
+    assert A_pad.shape == (M, K_pad) and B_pad.shape == (N_pad, K_pad)
+    for input_name, kind in spec.tensor_inputs:
+        value = padded[input_name]
+        if kind == "per_row":
+            assert value is inputs[input_name]
+        else:
+            assert value.numel() == (N_pad if kind == "per_col" else M * N_pad)
+    accum = A.double() @ B.double().T
+    accum_pad = A_pad.double() @ B_pad.double().T
+    assert torch.equal(accum_pad[:, :N], accum)  # zero K columns add nothing
+    D = spec.reference(accum, element, **inputs)
+    D_pad = spec.reference(accum_pad, element, **padded)
+    assert D_pad.shape == (M, N_pad) and torch.equal(D_pad[:, :N], D)
+
+
+def test_absent_and_unknown_inputs_pass_through():
+    """Optional inputs left out or None, and names the epilogue does not take, reach the plan as given
+    (the plan's checks name them)."""
+    spec = epilogues.get("dequant")
+    A, B = _int8(2, 20), _int8(5, 20)
+    inputs = {"scale_row": torch.ones(2), "scale_col": torch.ones(5), "bias": None, "scales": "x"}
+    _, _, padded = padding.pad_operands(A, B, inputs, spec.tensor_inputs, 8, 32)
+    assert padded["bias"] is None and padded["scales"] == "x" and padded["scale_col"].shape == (8,)
+    assert set(padded) == set(inputs)
