@@ -149,15 +149,31 @@ def check_same_device(tensors: Mapping[str, torch.Tensor | None], device: torch.
                              f"all tensors must be on the same CUDA device")
 
 
-def check_conv_operands(x: torch.Tensor, qw, allowed: tuple) -> tuple[int, int, int, int]:
-    """(Co, Kh, Kw, Ci) of conv weight ``qw`` after checking ``x`` [B, Ci, H, W] against it."""
+def check_groups(groups, Co: int, Ci_per_group: int) -> int:
+    """``groups`` of a conv whose weight is [Co, Ci_per_group, Kh, Kw] (torch.nn.functional.conv2d's
+    rule: the Co output channels split into ``groups`` equal sets, input channels = groups * Ci_per_group)."""
+    check_int(groups, "groups", minimum=1)
+    if Co % groups:
+        raise ValueError(f"groups={groups} must divide the weight's Co={Co} output channels")
+    return groups
+
+
+def check_conv_operands(x: torch.Tensor, qw, allowed: tuple, groups=1) -> tuple[int, int, int, int]:
+    """(Co, Kh, Kw, Ci) of conv weight ``qw`` (Ci: input channels per group) after checking ``x``
+    [B, groups * Ci, H, W] and ``groups`` against it."""
     if qw.conv_shape is None:
         raise ValueError("qw must be a conv weight (from quantize_conv_weight); its conv_shape is None")
     check_dtype(x, "x", allowed)
     check_ndim(x, "x", 4, "[B, Ci, H, W]")
     Co, Kh, Kw, Ci = qw.conv_shape
-    if x.shape[1] != Ci:
-        raise ValueError(f"x must have Ci={Ci} channels (dim 1) to match qw, got shape {tuple(x.shape)}")
+    if groups.__class__ is not int or groups != 1:
+        check_groups(groups, Co, Ci)
+    if x.shape[1] != groups * Ci:
+        if groups == 1:
+            raise ValueError(f"x must have Ci={Ci} channels (dim 1) to match qw, got shape {tuple(x.shape)}")
+        raise ValueError(f"x must have groups * Ci = {groups} * {Ci} = {groups * Ci} channels (dim 1) to match qw "
+                         f"(weight [Co={Co}, Ci/groups={Ci}, {Kh}, {Kw}]) with groups={groups}, got shape "
+                         f"{tuple(x.shape)}")
     return Co, Kh, Kw, Ci
 
 

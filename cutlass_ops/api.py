@@ -181,10 +181,13 @@ def linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = Non
 
 
 def conv2d(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None, stride=1, padding=0,
-           dilation=1, activation=None) -> torch.Tensor:
-    """Weight-only quantized conv2d: x [B, Ci, H, W] (NCHW or channels_last) -> [B, Co, Oh, Ow]."""
+           dilation=1, activation=None, groups=1) -> torch.Tensor:
+    """Weight-only quantized conv2d: x [B, Ci, H, W] (NCHW or channels_last) -> [B, Co, Oh, Ow].
+
+    groups as torch.nn.functional.conv2d: qw is [Co, Ci / groups, Kh, Kw] (``quantize_conv_weight``
+    of the grouped weight), Co % groups == 0; groups = Ci is a depthwise conv."""
     _check_qw(qw)
-    Co, Kh, Kw, Ci = check_conv_operands(x, qw, FLOAT_DTYPES)
+    Co, Kh, Kw, Ci = check_conv_operands(x, qw, FLOAT_DTYPES, groups)
     _check_bias(bias, Co)
     stride = parse_pair(stride, "stride", 1)
     padding = parse_pair(padding, "padding", 0)
@@ -201,9 +204,9 @@ def conv2d(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = Non
     if _through_op(x, bias, qw):
         return torch.ops.cutlass_ops.conv2d(x, qw.qweight, qw.scale, qw.offset, qw.bits, qw.block_size,
                                             list(qw.conv_shape), bias, list(stride), list(padding), list(dilation),
-                                            act)
+                                            act, groups)
     from cutlass_ops.conv import conv2d_weight_only
-    return conv2d_weight_only(x, qw, bias, stride, padding, dilation, act)
+    return conv2d_weight_only(x, qw, bias, stride, padding, dilation, act, groups)
 
 
 def linear_w8a8(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None, activation=None,

@@ -3,8 +3,10 @@
 Pure torch (no GPU runtime): everything here also runs on a machine without a GPU.
 
 Conventions (see the shared data format in the project notes):
-- A weight W is [N, K]; D[M, N] = A[M, K] @ W^T. A conv weight [Co, Ci, Kh, Kw] is stored as
-  [Co, Kh, Kw, Ci] and flattened to N = Co, K = Kh*Kw*Ci, with blocks along Ci.
+- A weight W is [N, K]; D[M, N] = A[M, K] @ W^T. A conv weight [Co, Ci, Kh, Kw] (Ci: input channels
+  per group) is stored as [Co, Kh, Kw, Ci] and flattened to N = Co, K = Kh*Kw*Ci, with blocks along
+  that K. An int4 conv row is padded with q = 0 to whole 32-bit words (``packed_K``): the padding
+  belongs to no block and is never read, so any Kh*Kw*Ci packs.
 - Per K block of ``block_size`` elements (G = K // block_size groups per row):
   offset form w = q * scale + offset; zero-point form w = scale * (q - z), offset = -scale * z.
 - int4 values q in [-8, 7] are stored as u = q + 8, two per byte.
@@ -89,6 +91,12 @@ def unpack_int4(packed: torch.Tensor, order: str = "interleaved") -> torch.Tenso
     return (u - 8).to(torch.int8)
 
 
+def packed_K(K: int, bits: int, conv: bool) -> int:
+    """K elements stored per row: int4 conv rows are padded to whole 32-bit words (8 nibbles), so a
+    stem's Kh*Kw*Ci = 147 packs as 152; linear rows and int8 rows store exactly K."""
+    return -(-K // 8) * 8 if bits == 4 and conv else K
+
+
 # --------------------------------------------------------------------------------------------
 # zero point <-> offset
 # --------------------------------------------------------------------------------------------
@@ -111,9 +119,11 @@ def zero_point_to_offset(zero_point: torch.Tensor, scale: torch.Tensor) -> torch
 class QuantizedWeight:
     """A weight W [N, K] quantized per block of ``block_size`` along K (offset form).
 
-    bits=8: ``qweight`` int8 [N, K]. bits=4: ``qweight`` uint8 [N, K // 2], u = q + 8 packed in
+    bits=8: ``qweight`` int8 [N, K]. bits=4: ``qweight`` uint8 [N, K_packed // 2], u = q + 8 packed in
     the interleaved order (``INT4_INTERLEAVE``). ``scale``/``offset``: float32 [N, K // block_size].
-    ``conv_shape`` = (Co, Kh, Kw, Ci) for a conv weight stored as [Co, Kh, Kw, Ci], else None.
+    ``conv_shape`` = (Co, Kh, Kw, Ci) for a conv weight stored as [Co, Kh, Kw, Ci] (Ci per group),
+    else None. K_packed = K except for int4 conv weights, whose rows are padded with q = 0 to a
+    multiple of 8 (``packed_K``; K itself and conv_shape keep the true size).
     """
 
     qweight: torch.Tensor
@@ -140,9 +150,10 @@ class QuantizedWeight:
             check_dtype(self.qweight, "QuantizedWeight.qweight", (torch.int8,))
             check_shape(self.qweight, "QuantizedWeight.qweight", (N, K), "[N, K]")
         else:
-            check_int4_K(K, "QuantizedWeight.K")
+            if self.conv_shape is None:
+                check_int4_K(K, "QuantizedWeight.K")
             check_dtype(self.qweight, "QuantizedWeight.qweight", (torch.uint8,))
-            check_shape(self.qweight, "QuantizedWeight.qweight", (N, K // 2), "[N, K // 2]")
+            check_shape(self.qweight, "QuantizedWeight.qweight", (N, self.K_packed // 2), "[N, K_packed // 2]")
         G = K // self.block_size
         for name in ("scale", "offset"):
             t = getattr(self, name)
@@ -158,13 +169,17 @@ class QuantizedWeight:
             if Co != N or Kh * Kw * Ci != K:
                 raise ValueError(f"QuantizedWeight.conv_shape={self.conv_shape} does not flatten to "
                                  f"[N={N}, K={K}]")
-            check_block_size(self.block_size, Ci, "QuantizedWeight.block_size", "Ci")
             self.conv_shape = (int(Co), int(Kh), int(Kw), int(Ci))
 
     @property
     def num_groups(self) -> int:
         """G = K // block_size quantization groups per row."""
         return self.K // self.block_size
+
+    @property
+    def K_packed(self) -> int:
+        """K elements stored per qweight row (``packed_K``: K, or an int4 conv row padded to 8)."""
+        return packed_K(self.K, self.bits, self.conv_shape is not None)
 
     @property
     def device(self) -> torch.device:
@@ -179,7 +194,7 @@ class QuantizedWeight:
         """The integer values q as int32 [N, K] (unpacked and de-interleaved for int4)."""
         if self.bits == 8:
             return self.qweight.to(torch.int32)
-        return unpack_int4(self.qweight, "interleaved").to(torch.int32)
+        return unpack_int4(self.qweight, "interleaved")[:, :self.K].to(torch.int32)  # drop the row padding
 
     def zero_point(self) -> torch.Tensor:
         """Zero points z = -offset / scale, float32 [N, G]."""
@@ -242,8 +257,13 @@ def _quantize(w_nk: torch.Tensor, bits: int, block_size: int, symmetric: bool, m
     return q, scale, offset
 
 
-def _pack(q: torch.Tensor, bits: int) -> torch.Tensor:
-    return q.to(torch.int8) if bits == 8 else pack_int4(q, "interleaved")
+def _pack(q: torch.Tensor, bits: int, K_packed: int | None = None) -> torch.Tensor:
+    """q [N, K] as stored: int8, or int4 packed after padding the rows with q = 0 up to ``K_packed``."""
+    if bits == 8:
+        return q.to(torch.int8)
+    if K_packed is not None and K_packed != q.shape[1]:
+        q = torch.nn.functional.pad(q, (0, K_packed - q.shape[1]))
+    return pack_int4(q, "interleaved")
 
 
 def quantize_weight(w: torch.Tensor, *, bits: int = 8, block_size: int | None = 128,
@@ -277,20 +297,22 @@ def quantize_conv_weight(w: torch.Tensor, *, bits: int = 8, block_size: int | No
                          options: dict | None = None) -> QuantizedWeight:
     """Quantize a conv weight [Co, Ci, Kh, Kw]: stored as [Co, Kh, Kw, Ci] = [N, K = Kh*Kw*Ci].
 
-    Blocks run along Ci; ``block_size`` must divide Ci. None => one block per (co, kh, kw) over
-    the whole Ci (G = Kh*Kw groups per output channel). method/calibration/options as in
+    Ci is the weight's own dim 1 (input channels per group for a grouped conv). Blocks run along
+    K in the stored order (kh, kw, ci); ``block_size`` must divide K: a divisor of Ci gives blocks
+    within each (kh, kw), a multiple of Ci blocks of whole (kh, kw) positions (a depthwise 3x3
+    weight, Ci = 1, takes block_size=9: one block per output channel). None => one block per
+    (co, kh, kw) over the whole Ci (G = Kh*Kw groups per output channel). int4 takes any K: rows
+    are padded with q = 0 to a multiple of 8 (``packed_K``). method/calibration/options as in
     ``quantize_weight``; calibration rows are im2col patches in the stored K order (kh, kw, ci).
     """
     _check_weight_args(w, "w", 4, "[Co, Ci, Kh, Kw]", bits, symmetric)
     Co, Ci, Kh, Kw = w.shape
-    block_size = check_block_size(block_size, Ci, "block_size", "Ci")
     K = Kh * Kw * Ci
-    if bits == 4:
-        check_int4_K(K, "w: Kh*Kw*Ci")
+    block_size = Ci if block_size is None else check_block_size(block_size, K, "block_size", "Kh*Kw*Ci")
     w_nk = w.permute(0, 2, 3, 1).reshape(Co, K)
     q, scale, offset = _quantize(w_nk, bits, block_size, symmetric, method, calibration, options)
-    return QuantizedWeight(_pack(q, bits), scale, offset, bits, block_size, Co, K, (Co, Kh, Kw, Ci),
-                           symmetric)
+    return QuantizedWeight(_pack(q, bits, packed_K(K, bits, conv=True)), scale, offset, bits, block_size, Co, K,
+                           (Co, Kh, Kw, Ci), symmetric)
 
 
 # --------------------------------------------------------------------------------------------

@@ -64,7 +64,9 @@ class _Config:
 @dataclass(frozen=True)
 class WeightOnlyConfig(_Config):
     """Scheme 1: int4 / int8 weights per block of ``block_size`` along K (None: per output channel),
-    float activations. Convs: blocks along Ci (``block_size`` must divide Ci; None: whole Ci)."""
+    float activations. Convs (grouped and depthwise included): blocks along K = Kh*Kw*Ci/groups;
+    ``block_size`` must divide K, except that a conv whose K is at most ``block_size`` (a depthwise
+    3x3: K = 9) takes one block per output channel; None: one block per (co, kh, kw) over Ci/groups."""
 
     bits: int = 4
     block_size: int | None = 128
@@ -86,18 +88,22 @@ class WeightOnlyConfig(_Config):
             return f"int4 needs in_features % 8 == 0, got {K}"
         return self._block(K)
 
+    def _conv_block(self, K: int) -> int | None:
+        """The block of a conv weight with K = Kh*Kw*Ci/groups: ``block_size``, or the whole row when K
+        is not longer than one block (None: per (co, kh, kw), resolved by quantize_conv_weight)."""
+        return K if self.block_size is not None and K <= self.block_size else self.block_size
+
     def conv_problem(self, module: nn.Conv2d) -> str | None:
-        if module.groups != 1:
-            return f"groups={module.groups} (only groups=1 convs have a kernel)"
         if module.padding_mode != "zeros":
             return f"padding_mode={module.padding_mode!r} (only zero padding)"
         if _conv_padding(module) is None:
             return f"padding={module.padding!r} is not symmetric"
         Kh, Kw = module.kernel_size
-        if self.bits == 4 and (Kh * Kw * module.in_channels) % 8:
-            return f"int4 needs Kh*Kw*Ci % 8 == 0, got {Kh * Kw * module.in_channels}"
-        problem = self._block(module.in_channels)
-        return None if problem is None else problem + " (in_channels; blocks run along Ci)"
+        K = Kh * Kw * (module.in_channels // module.groups)
+        block = self._conv_block(K)
+        if block is not None and K % block:
+            return f"block_size={block} does not divide Kh*Kw*in_channels/groups={K} (blocks run along K)"
+        return None
 
     conv_padding = staticmethod(_conv_padding)
 
@@ -109,7 +115,9 @@ class WeightOnlyConfig(_Config):
         kwargs = _method_kwargs(self.method)
         if "method" in kwargs and "method" not in inspect.signature(quantize_conv_weight).parameters:
             kwargs = {}
-        return quantize_conv_weight(w, bits=self.bits, block_size=self.block_size, symmetric=self.symmetric, **kwargs)
+        _, Ci, Kh, Kw = w.shape  # Ci: per group
+        return quantize_conv_weight(w, bits=self.bits, block_size=self._conv_block(Kh * Kw * Ci),
+                                    symmetric=self.symmetric, **kwargs)
 
     def module_kwargs(self, qw: QuantizedWeight) -> dict:
         return {"bits": qw.bits, "block_size": qw.block_size, "symmetric": qw.symmetric}

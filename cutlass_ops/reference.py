@@ -62,15 +62,17 @@ def linear_reference(x: torch.Tensor, qw: QuantizedWeight, bias=None, activation
 
 
 def conv2d_reference(x: torch.Tensor, qw: QuantizedWeight, bias=None, stride=1, padding=0, dilation=1,
-                     activation=None) -> torch.Tensor:
-    """act(conv2d(x, dequantize(qw)) + bias) in float64; x NCHW -> NCHW (F.conv2d in float64)."""
+                     activation=None, groups=1) -> torch.Tensor:
+    """act(conv2d(x, dequantize(qw), groups=groups) + bias) in float64; x NCHW -> NCHW (F.conv2d in
+    float64). The weight is [Co, Ci/groups, Kh, Kw]: output channel co reads input channels
+    [g*Ci/groups, (g+1)*Ci/groups) with g = co // (Co/groups)."""
     _check_qw(qw)
-    Co, Kh, Kw, Ci = check_conv_operands(x, qw, _REF_DTYPES)
+    Co, Kh, Kw, Ci = check_conv_operands(x, qw, _REF_DTYPES, groups)
     w = qw.to(x.device).dequantize(torch.float64)
     b = _bias64(bias, Co)
     y = F.conv2d(x.to(torch.float64), w, None if b is None else b.to(x.device),
                  stride=parse_pair(stride, "stride", 1), padding=parse_pair(padding, "padding", 0),
-                 dilation=parse_pair(dilation, "dilation", 1))
+                 dilation=parse_pair(dilation, "dilation", 1), groups=groups)
     return apply_activation(y, activation)
 
 

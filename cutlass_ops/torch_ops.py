@@ -6,7 +6,7 @@ block_size, N, K), has a fake kernel (shapes and dtypes only, for ``torch.compil
 
     linear, linear_w8a8, linear_w8a8_channel   grad_x = act'(out) * grad_out @ W_deq   (straight-through
                                                for the activation quantization of the W8A8 ops)
-    conv2d                                     grad_x = conv2d_input(W_deq, act'(out) * grad_out)
+    conv2d                                     grad_x = conv2d_input(W_deq, act'(out) * grad_out, groups)
     bias (all of them)                         grad_bias = sum of act'(out) * grad_out
     int8_gemm*, quantize_activation            not differentiable: a float input that requires grad raises
 
@@ -24,7 +24,7 @@ import torch
 
 import epilogues
 from cutlass_ops import plan_cache, reference
-from cutlass_ops.formats import QuantizedWeight, quantize_activation_reference
+from cutlass_ops.formats import QuantizedWeight, packed_K, quantize_activation_reference, unpack_int4
 
 __all__ = ["weight_view", "quantize_per_token", "linear_w8a8_channel_impl", "DEQUANT_EPILOGUES", "OPS"]
 
@@ -242,47 +242,59 @@ def _channels_last(x: torch.Tensor) -> bool:
     return not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
 
 
+# groups comes last, with a default, so that calls written before it existed keep their meaning.
 @torch.library.custom_op("cutlass_ops::conv2d", mutates_args=())
 def conv2d(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int,
            block_size: int, conv_shape: list[int], bias: Optional[torch.Tensor], stride: list[int],
-           padding: list[int], dilation: list[int], act: int) -> torch.Tensor:
-    Co, Kh, Kw, Ci = conv_shape
+           padding: list[int], dilation: list[int], act: int, groups: int = 1) -> torch.Tensor:
+    Co, Kh, Kw, Ci = conv_shape  # Ci: input channels per group
     qw = weight_view(qweight, scale, offset, bits, block_size, Co, Kh * Kw * Ci, conv_shape)
     if not x.is_cuda:
         fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
-        y = reference.conv2d_reference(x, qw, bias, tuple(stride), tuple(padding), tuple(dilation), act)
+        y = reference.conv2d_reference(x, qw, bias, tuple(stride), tuple(padding), tuple(dilation), act, groups)
         return y.to(x.dtype).contiguous(memory_format=fmt)
     from cutlass_ops.conv import conv2d_weight_only
-    return conv2d_weight_only(x, qw, bias, tuple(stride), tuple(padding), tuple(dilation), act)
+    return conv2d_weight_only(x, qw, bias, tuple(stride), tuple(padding), tuple(dilation), act, groups)
 
 
 @conv2d.register_fake
-def _(x, qweight, scale, offset, bits, block_size, conv_shape, bias, stride, padding, dilation, act):
+def _(x, qweight, scale, offset, bits, block_size, conv_shape, bias, stride, padding, dilation, act, groups=1):
     Oh, Ow = _conv_out_hw(x, conv_shape, stride, padding, dilation)
     fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
     return torch.empty((x.shape[0], conv_shape[0], Oh, Ow), dtype=x.dtype, device=x.device, memory_format=fmt)
 
 
 def _conv_setup(ctx, inputs, output):
-    x, qweight, scale, offset, bits, block_size, conv_shape, bias, stride, padding, dilation, act = inputs
+    x, qweight, scale, offset, bits, block_size, conv_shape, bias, stride, padding, dilation, act, groups = inputs
     _no_weight_grad("conv2d", scale, offset)
-    ctx.args = (bits, block_size, tuple(conv_shape), tuple(stride), tuple(padding), tuple(dilation), act)
+    ctx.args = (bits, block_size, tuple(conv_shape), tuple(stride), tuple(padding), tuple(dilation), act, groups)
     ctx.x_shape, ctx.bias_dtype = x.shape, None if bias is None else bias.dtype
     ctx.save_for_backward(qweight, scale, offset, output if act else None)
 
 
+def _conv_weight(qweight, scale, offset, bits: int, block_size: int, conv_shape, dtype) -> torch.Tensor:
+    """The dequantized conv weight [Co, Ci/groups, Kh, Kw] in ``dtype``, for the input gradient."""
+    Co, Kh, Kw, Ci = conv_shape
+    K = Kh * Kw * Ci
+    if packed_K(K, bits, conv=True) == K:  # the shared dequantize op (a GPU kernel on CUDA tensors)
+        W = dequantize(qweight, scale, offset, bits, block_size, Co, K, dtype)
+    else:  # an int4 row padded to whole words, which the [N, K] op does not take: torch ops, no checks
+        q = unpack_int4(qweight, "interleaved")[:, :K].to(dtype).reshape(Co, K // block_size, block_size)
+        W = (q * scale.to(dtype)[..., None] + offset.to(dtype)[..., None]).reshape(Co, K)
+    return W.reshape(Co, Kh, Kw, Ci).permute(0, 3, 1, 2)
+
+
 def _conv_backward(ctx, grad):
     qweight, scale, offset, out = ctx.saved_tensors
-    bits, block_size, (Co, Kh, Kw, Ci), stride, padding, dilation, act = ctx.args
+    bits, block_size, conv_shape, stride, padding, dilation, act, groups = ctx.args
     g = _act_grad(grad, out, act)
     grad_x = grad_b = None
     if ctx.needs_input_grad[0]:
-        W = dequantize(qweight, scale, offset, bits, block_size, Co, Kh * Kw * Ci, g.dtype)
-        W = W.reshape(Co, Kh, Kw, Ci).permute(0, 3, 1, 2)
-        grad_x = torch.nn.grad.conv2d_input(ctx.x_shape, W, g, stride, padding, dilation)
+        W = _conv_weight(qweight, scale, offset, bits, block_size, conv_shape, g.dtype)
+        grad_x = torch.nn.grad.conv2d_input(ctx.x_shape, W, g, stride, padding, dilation, groups)
     if ctx.bias_dtype is not None and ctx.needs_input_grad[7]:
         grad_b = g.sum((0, 2, 3)).to(ctx.bias_dtype)
-    return grad_x, None, None, None, None, None, None, grad_b, None, None, None, None
+    return grad_x, None, None, None, None, None, None, grad_b, None, None, None, None, None
 
 
 torch.library.register_autograd("cutlass_ops::conv2d", _conv_backward, setup_context=_conv_setup)

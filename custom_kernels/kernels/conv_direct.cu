@@ -1,6 +1,8 @@
 // Direct convolution (the conv strategy "direct"): one thread per output element, fp32
-// accumulation; NCHW or NHWC, fp32/fp16/bf16, any Ci and block size, any arch. The correctness
-// baseline. Weight layout and argument order: conv_common.cuh.
+// accumulation; NCHW or NHWC, fp32/fp16/bf16, any Ci, groups and block size, any arch. The
+// correctness baseline, and the depthwise kernel (groups = Ci: Kh*Kw taps per output, read
+// coalesced along W for NCHW and along the channels for NHWC).
+// Weight layout and argument order: conv_common.cuh.
 // Each NVRTC build takes one (dtype, bits) slice of the file (CUOPS_CONV_T / CUOPS_CONV_BITS).
 #include "conv_common.cuh"
 
@@ -14,27 +16,37 @@ template <typename T, int BITS, bool NCHW>
 __device__ __forceinline__ void conv_direct(const T* __restrict__ x, const uint8_t* __restrict__ qweight,
                                             const float* __restrict__ scale, const float* __restrict__ offset,
                                             const T* __restrict__ bias, T* __restrict__ out, const ConvDims d) {
-  const int K = d.Kh * d.Kw * d.Ci;
+  const int Cg = d.Ci / d.groups;  // input channels per group = the weight's Ci
+  const int Cog = d.Co / d.groups;
+  const int K = d.Kh * d.Kw * Cg;
   const int G = K / d.block_size;
-  const size_t row_bytes = static_cast<size_t>(K) * BITS / 8;
+  const size_t w_row_bytes = row_bytes<BITS>(K);
   const long long total = static_cast<long long>(d.batch) * d.Co * d.Oh * d.Ow;
   for (long long idx = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; idx < total;
        idx += static_cast<long long>(gridDim.x) * blockDim.x) {
-    // idx enumerates the output in its own memory order, so out[idx] is the store address.
-    long long t = idx;
+    // idx enumerates the output in its own memory order, so out[idx] is the store address. The host
+    // refuses outputs of 2^31 elements or more, so the decode divides in 32 bits (a 64-bit division
+    // is a software routine of many instructions, which a depthwise 3x3 tap loop would not hide).
+    int t = static_cast<int>(idx);
     int ox, oy, co, b;
     if (NCHW) {
-      ox = static_cast<int>(t % d.Ow); t /= d.Ow;
-      oy = static_cast<int>(t % d.Oh); t /= d.Oh;
-      co = static_cast<int>(t % d.Co); b = static_cast<int>(t / d.Co);
+      ox = t % d.Ow; t /= d.Ow;
+      oy = t % d.Oh; t /= d.Oh;
+      co = t % d.Co; b = t / d.Co;
     } else {
-      co = static_cast<int>(t % d.Co); t /= d.Co;
-      ox = static_cast<int>(t % d.Ow); t /= d.Ow;
-      oy = static_cast<int>(t % d.Oh); b = static_cast<int>(t / d.Oh);
+      co = t % d.Co; t /= d.Co;
+      ox = t % d.Ow; t /= d.Ow;
+      oy = t % d.Oh; b = t / d.Oh;
     }
-    const uint8_t* qrow = qweight + co * row_bytes;
+    const int c0 = (co / Cog) * Cg;  // first input channel of co's group
+    const uint8_t* qrow = qweight + co * w_row_bytes;
     const float* srow = scale + static_cast<size_t>(co) * G;
     const float* orow = offset + static_cast<size_t>(co) * G;
+    // Channel c0 of image b; x has fewer than 2^31 elements (host check), so int offsets suffice
+    // (64-bit ones cost registers, and the loop below spilled with them).
+    const int HW = d.H * d.W;
+    const T* xg = x + (NCHW ? (b * d.Ci + c0) * HW : b * HW * d.Ci + c0);
+    const int c_stride = NCHW ? HW : 1;
     float acc = 0.0f;
     for (int kh = 0; kh < d.Kh; ++kh) {
       const int iy = oy * d.sh - d.ph + kh * d.dh;
@@ -42,15 +54,18 @@ __device__ __forceinline__ void conv_direct(const T* __restrict__ x, const uint8
       for (int kw = 0; kw < d.Kw; ++kw) {
         const int ix = ox * d.sw - d.pw + kw * d.dw;
         if (ix < 0 || ix >= d.W) continue;
-        const int kbase = (kh * d.Kw + kw) * d.Ci;
-        for (int ci0 = 0; ci0 < d.Ci; ci0 += d.block_size) {
-          const int g = (kbase + ci0) / d.block_size;
+        const T* xp = xg + (NCHW ? iy * d.W + ix : (iy * d.W + ix) * d.Ci);  // tap (iy, ix), channel c0
+        const int kbase = (kh * d.Kw + kw) * Cg;
+        // This tap's Cg weights, one quantization block at a time: a block may lie inside the tap
+        // (block_size | Cg) or span several taps (Cg | block_size, e.g. depthwise), so each run
+        // ends at the next block boundary or the tap's end.
+        for (int ci = 0; ci < Cg;) {
+          const int g = (kbase + ci) / d.block_size;
+          const int end = min(Cg, (g + 1) * d.block_size - kbase);
           const float s = srow[g], o = orow[g];
-          for (int ci = ci0; ci < ci0 + d.block_size; ++ci) {
-            const size_t xi = NCHW ? ((static_cast<size_t>(b) * d.Ci + ci) * d.H + iy) * d.W + ix
-                                   : ((static_cast<size_t>(b) * d.H + iy) * d.W + ix) * d.Ci + ci;
+          for (; ci < end; ++ci) {
             const float w = fmaf(static_cast<float>(load_q<BITS>(qrow, kbase + ci)), s, o);
-            acc = fmaf(to_float<T>(x[xi]), w, acc);
+            acc = fmaf(to_float<T>(xp[ci * c_stride]), w, acc);
           }
         }
       }

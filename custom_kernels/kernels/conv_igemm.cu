@@ -3,8 +3,9 @@
 // by side along N, a 4-stage cp.async ring for the activation patch, the raw quantized weight and
 // its scale/offset; weights are dequantized straight into mma B fragments. Optional split-K: each
 // z-slice writes fp32 partials ([splits, M, Co] for an NHWC output, [splits, Co, M] for NCHW),
-// conv_splitk_reduce_* adds them, the bias and the activation. Needs Ci % 32 == 0 and
-// block_size % 32 == 0 (one quantization group per 32-wide K tile). The output may be NHWC or NCHW
+// conv_splitk_reduce_* adds them, the bias and the activation. Needs Cg = Ci / groups % 32 == 0 and
+// block_size % 32 == 0 (one quantization group per 32-wide K tile), and for groups > 1
+// (Co / groups) % 64 == 0 (each CTA's 64 columns in one group). The output may be NHWC or NCHW
 // (the latter for NCHW callers, whose input conv_nchw_to_nhwc_b16 transposes first).
 // Weight layout and argument order: conv_common.cuh.
 // Each NVRTC build takes one (dtype, bits) slice of the file (CUOPS_CONV_T / CUOPS_CONV_BITS).
@@ -204,13 +205,17 @@ __device__ __forceinline__ void conv_igemm(const T* __restrict__ x, const uint8_
   // which ldmatrix does cheaply).
   const int wn = tid >> 5;
   const int M = d.batch * d.Oh * d.Ow;
-  const int K = d.Kh * d.Kw * d.Ci;
+  const int Cg = d.Ci / d.groups;  // input channels per group = the weight's Ci
+  const int K = d.Kh * d.Kw * Cg;
   const int KT = K / BK;
   const int G = K / d.block_size;
   const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
   const int kt_begin = blockIdx.z * kt_per_split;
   const int nk = min(KT, kt_begin + kt_per_split) - kt_begin;
-  const size_t w_row_bytes = static_cast<size_t>(K) * BITS / 8;
+  const size_t w_row_bytes = row_bytes<BITS>(K);
+  // The host keeps a CTA's BN columns inside one group, so its im2col rows read that group's
+  // Cg channels, starting at channel c0 of each pixel's Ci.
+  const int c0 = (n0 / (d.Co / d.groups)) * Cg;
 
   // Activation loader: thread covers tile rows tid/4 and tid/4 + 32, 16-byte chunk tid % 4 of
   // the 64-byte (32-channel) slice; the output pixel of each row is decoded once.
@@ -226,7 +231,7 @@ __device__ __forceinline__ void conv_igemm(const T* __restrict__ x, const uint8_
     // A row past M gets a far-negative origin so every tap reads as padding (zero-filled).
     a_iy0[i] = m < M ? oy * d.sh - d.ph : -(1 << 29);
     a_ix0[i] = ox * d.sw - d.pw;
-    a_base[i] = x + static_cast<size_t>(b) * d.H * d.W * d.Ci + a_chunk * 8;
+    a_base[i] = x + static_cast<size_t>(b) * d.H * d.W * d.Ci + c0 + a_chunk * 8;
   }
   // Per-thread weight / scale sources: int4 rows take one 16-byte chunk (threads 0..63), int8
   // rows two (all threads); threads 0..63 fetch scales, 64..127 offsets.
@@ -240,12 +245,12 @@ __device__ __forceinline__ void conv_igemm(const T* __restrict__ x, const uint8_
   float* p_dst = tid < BN ? &sScale[0][p_row] : &sOffset[0][p_row];
 
   // K-tile coordinates of the next tile to load, advanced incrementally (tiles are loaded in
-  // order) so the main loop does no integer division: k0 = (kh * Kw + kw) * Ci + ci0.
+  // order) so the main loop does no integer division: k0 = (kh * Kw + kw) * Cg + ci0.
   int ld_k0 = kt_begin * BK;
   int ld_ci0, ld_kh, ld_kw;
   {
-    const int khw = ld_k0 / d.Ci;
-    ld_ci0 = ld_k0 - khw * d.Ci;
+    const int khw = ld_k0 / Cg;
+    ld_ci0 = ld_k0 - khw * Cg;
     ld_kh = khw / d.Kw;
     ld_kw = khw - ld_kh * d.Kw;
   }
@@ -269,7 +274,7 @@ __device__ __forceinline__ void conv_igemm(const T* __restrict__ x, const uint8_
     // advance to the next K tile
     ld_k0 += BK;
     ld_ci0 += BK;
-    if (ld_ci0 == d.Ci) {
+    if (ld_ci0 == Cg) {
       ld_ci0 = 0;
       if (++ld_kw == d.Kw) {
         ld_kw = 0;

@@ -1,15 +1,16 @@
 """FP x INT4 / FP x INT8 conv2d with a block-quantized weight.
 
-``conv2d_weight_only(x, qw, ...)`` computes ``act(conv2d(x, dequantize(qw)) + bias)`` with the
-weight dequantized on the fly (w = q * scale + offset, blocks along Ci). Two strategies, one plan
-class each (built once per geometry, dtype, weight bits, layout and device, kept in a bounded
-cache; a call looks its plan up and launches it):
+``conv2d_weight_only(x, qw, ...)`` computes ``act(conv2d(x, dequantize(qw), groups=groups) + bias)``
+with the weight dequantized on the fly (w = q * scale + offset, blocks along K = Kh*Kw*Ci/groups).
+Two strategies, one plan class each (built once per geometry, dtype, weight bits, layout and device,
+kept in a bounded cache; a call looks its plan up and launches it):
 
 - ``"direct"`` (:mod:`.direct`): one thread per output element, fp32 accumulation. Any dtype,
-  NCHW or NHWC, any Ci and block size, any GPU. The correctness baseline.
+  NCHW or NHWC, any Ci, groups and block size, any GPU. The correctness baseline, and what runs
+  depthwise convs (Kh*Kw taps per output element) and the int4 stem (K = 147, rows padded to 152).
 - ``"igemm"`` (:mod:`.igemm`): implicit GEMM on tensor cores (mma.sync, sm_80+) for fp16/bf16
-  with Ci % 32 == 0 and block_size % 32 == 0; an NCHW input is transposed to NHWC first, small
-  problems are split along K.
+  with Ci/groups % 32 == 0, block_size % 32 == 0 and, when grouped, (Co/groups) % 64 == 0; an
+  NCHW input is transposed to NHWC first, small problems are split along K.
 
 ``"auto"`` picks igemm where it applies, else direct.
 
@@ -25,7 +26,8 @@ import functools
 import torch
 
 from cutlass_ops._validate import (
-    FLOAT_DTYPES, check_choice, check_cuda, check_dtype, check_same_device, check_shape, parse_activation, parse_pair,
+    FLOAT_DTYPES, check_choice, check_cuda, check_dtype, check_groups, check_int, check_same_device, check_shape,
+    parse_activation, parse_pair,
 )
 from custom_kernels.device import current_device, on_device, sm_count, target_arch
 
@@ -57,15 +59,18 @@ def _pair(value, name: str, minimum: int) -> tuple[int, int]:
     return value if value.__class__ is tuple and len(value) == 2 else parse_pair(value, name, minimum)
 
 
-def _check_weight(qw, x: torch.Tensor) -> tuple[int, int, int, int]:
-    """(Co, Kh, Kw, Ci): the weight's rules that keep the kernels inside its buffers."""
+def _check_weight(qw, x: torch.Tensor, groups: int) -> tuple[int, int, int, int]:
+    """(Co, Kh, Kw, Ci per group): the weight's rules that keep the kernels inside its buffers."""
     if qw.conv_shape is None:
         raise ValueError("qw must be a conv weight (formats.quantize_conv_weight); its conv_shape is None")
     Co, Kh, Kw, Ci = qw.conv_shape
-    if x.shape[1] != Ci:
-        raise ValueError(f"x has {x.shape[1]} channels (dim 1) but qw expects Ci={Ci}")
-    if Ci % qw.block_size != 0:
-        raise ValueError(f"qw.block_size={qw.block_size} must divide Ci={Ci} (blocks run along Ci)")
+    if groups != 1:
+        check_groups(groups, Co, Ci)
+    if x.shape[1] != groups * Ci:
+        raise ValueError(f"x has {x.shape[1]} channels (dim 1) but qw expects groups * Ci = {groups} * {Ci}")
+    if (Kh * Kw * Ci) % qw.block_size != 0:  # the kernels' last block would read past scale / offset
+        raise ValueError(f"qw.block_size={qw.block_size} must divide K = Kh*Kw*Ci = {Kh * Kw * Ci} "
+                         f"(blocks run along K)")
     if not (qw.qweight.is_contiguous() and qw.scale.is_contiguous() and qw.offset.is_contiguous()):
         for name in ("qweight", "scale", "offset"):
             if not getattr(qw, name).is_contiguous():
@@ -74,14 +79,15 @@ def _check_weight(qw, x: torch.Tensor) -> tuple[int, int, int, int]:
 
 
 def conv2d_weight_only(x: torch.Tensor, qw, bias: torch.Tensor | None = None, stride=1, padding=0, dilation=1,
-                       act=0, *, out: torch.Tensor | None = None, strategy: str = "auto",
+                       act=0, groups: int = 1, *, out: torch.Tensor | None = None, strategy: str = "auto",
                        split_k: int | None = None) -> torch.Tensor:
-    """act(conv2d(x, dequantize(qw), bias, stride, padding, dilation)) on the GPU.
+    """act(conv2d(x, dequantize(qw), bias, stride, padding, dilation, groups)) on the GPU.
 
     x: CUDA [B, Ci, H, W] fp32/fp16/bf16, NCHW-contiguous or channels_last (any other layout is
-    made NCHW-contiguous first). qw: a conv QuantizedWeight (int4 or int8, blocks along Ci) on x's
-    device. bias: None or [Co] (used in x's dtype). stride/padding/dilation: int or (h, w). act:
-    0/None none, 1/"relu", 2/"relu6". The output [B, Co, Oh, Ow] has x's dtype and memory format;
+    made NCHW-contiguous first). qw: a conv QuantizedWeight [Co, Ci / groups, Kh, Kw] (int4 or int8,
+    blocks along K) on x's device. bias: None or [Co] (used in x's dtype). stride/padding/dilation:
+    int or (h, w). act: 0/None none, 1/"relu", 2/"relu6". groups: as torch.nn.functional.conv2d
+    (groups = Ci: depthwise). The output [B, Co, Oh, Ow] has x's dtype and memory format;
     ``out`` may supply it (same shape, dtype and memory format). ``strategy``: "auto", "direct" or
     "igemm"; ``split_k`` forces the igemm K split (None: chosen from the GPU's SM count).
     """
@@ -91,7 +97,9 @@ def conv2d_weight_only(x: torch.Tensor, qw, bias: torch.Tensor | None = None, st
         check_choice(strategy, "strategy", STRATEGIES)
     if split_k is not None and (isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1):
         raise ValueError(f"split_k must be None or an int >= 1, got {split_k!r}")
-    Co, Kh, Kw, Ci = _check_weight(qw, x)
+    if groups.__class__ is not int:
+        check_int(groups, "groups", minimum=1)
+    Co, Kh, Kw, Ci = _check_weight(qw, x, groups)
     stride = _pair(stride, "stride", 1)
     padding = _pair(padding, "padding", 0)
     dilation = _pair(dilation, "dilation", 1)
@@ -132,12 +140,12 @@ def conv2d_weight_only(x: torch.Tensor, qw, bias: torch.Tensor | None = None, st
     if device is None:
         device = current
     if strategy != "direct":
-        reason = igemm_unsupported(x, channels_last, qw, Ci, device)
+        reason = igemm_unsupported(x, channels_last, qw, Ci, device, groups)
         if reason is not None and strategy == "igemm":
             raise ValueError(f"strategy='igemm' cannot run this conv: {reason}")
         strategy = "direct" if reason is not None else "igemm"
 
-    dims = (batch, H, W, Ci, Oh, Ow, Co, Kh, Kw, *stride, *padding, *dilation, qw.block_size, act)
+    dims = (batch, H, W, groups * Ci, Oh, Ow, Co, Kh, Kw, *stride, *padding, *dilation, qw.block_size, act, groups)
     plan = plan_for(strategy, x.dtype, qw.bits, channels_last, dims, split_k, device)
     if device == current:
         plan(x, qw, bias, out)

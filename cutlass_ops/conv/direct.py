@@ -10,7 +10,7 @@ import torch
 
 from custom_kernels.launch import KernelArgs, Launch, LaunchConfig, Ptr
 
-from .geometry import DTYPE_CODES, GEOMETRY_ARGS, ConvGeometry, conv_kernel
+from .geometry import DTYPE_CODES, GEOMETRY_ARGS, ConvGeometry, conv_defines, conv_kernel
 
 __all__ = ["DirectArgs", "DirectPlan"]
 
@@ -27,11 +27,17 @@ class DirectPlan:
 
     strategy = "direct"
 
+    @staticmethod
+    def kernels(dtype: torch.dtype, bits: int, channels_last: bool) -> tuple:
+        """(source, kernel, defines) of the kernel the plan loads."""
+        name = f"conv_direct_{DTYPE_CODES[dtype][1]}_w{bits}_{'nhwc' if channels_last else 'nchw'}"
+        return (("conv_direct.cu", name, conv_defines(dtype, bits)),)
+
     def __init__(self, geometry: ConvGeometry, dtype: torch.dtype, bits: int, channels_last: bool, device: int,
                  arch: str):
         self.geometry = geometry
-        name = f"conv_direct_{DTYPE_CODES[dtype][1]}_w{bits}_{'nhwc' if channels_last else 'nchw'}"
-        kernel = conv_kernel("conv_direct.cu", name, dtype, bits, arch)
+        ((source, name, _),) = self.kernels(dtype, bits, channels_last)
+        kernel = conv_kernel(source, name, dtype, bits, arch)
         total = geometry.batch * geometry.Co * geometry.Oh * geometry.Ow
         config = LaunchConfig.of(math.ceil(total / THREADS), THREADS)
         self.launch = Launch(kernel, config, DirectArgs(**geometry.kernel_fields()), device)

@@ -1,10 +1,11 @@
 """The conv strategy "igemm" (``conv_igemm.cu``): implicit GEMM on tensor cores (mma.sync, sm_80+).
 
-fp16/bf16 with Ci % 32 == 0 and block_size % 32 == 0. It reads the input as NHWC; an NCHW input
-is first transposed to NHWC (one extra kernel), and the output is written directly in the
-caller's layout. Small problems are split along K (fp32 partials, then a reduce kernel that adds
-the bias and applies the activation). Weights are dequantized in the input dtype, with scale and
-offset rounded to it (fp16: |scale|, |offset| must stay below 65504).
+fp16/bf16 with Ci / groups % 32 == 0 and block_size % 32 == 0, and for a grouped conv
+(Co / groups) % 64 == 0, so that each tile's 64 output channels read one group. It reads the input
+as NHWC; an NCHW input is first transposed to NHWC (one extra kernel), and the output is written
+directly in the caller's layout. Small problems are split along K (fp32 partials, then a reduce
+kernel that adds the bias and applies the activation). Weights are dequantized in the input dtype,
+with scale and offset rounded to it (fp16: |scale|, |offset| must stay below 65504).
 """
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import torch
 from custom_kernels.device import capability
 from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr
 
-from .geometry import DTYPE_CODES, GEOMETRY_ARGS, ConvGeometry, conv_kernel
+from .geometry import DTYPE_CODES, GEOMETRY_ARGS, ConvGeometry, conv_defines, conv_kernel
 
-__all__ = ["IgemmArgs", "SplitKReduceArgs", "TransposeArgs", "IgemmPlan", "choose_splits", "igemm_unsupported"]
+__all__ = ["IgemmArgs", "SplitKReduceArgs", "TransposeArgs", "IgemmPlan", "choose_splits", "igemm_problem",
+           "igemm_unsupported"]
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +48,34 @@ class TransposeArgs(KernelArgs):
     _fields_ = [("x", Ptr), ("x_nhwc", Ptr), ("C", I32), ("P", I32)]
 
 
-def igemm_unsupported(x: torch.Tensor, channels_last: bool, qw, Ci: int, device: int) -> str | None:
-    """Why the igemm strategy cannot run this problem, or None when it can."""
-    if x.dtype not in (torch.float16, torch.bfloat16):
-        return f"it needs fp16 or bf16 activations, got {x.dtype}"
-    cc = capability(device)
-    if cc < 80:
-        return f"it needs sm_80 or newer, got sm_{cc}"
+def _arch_problem(cc: int) -> str | None:
+    return f"it needs sm_80 or newer, got sm_{cc}" if cc < 80 else None
+
+
+def igemm_problem(dtype: torch.dtype, Ci: int, Co: int, groups: int, block_size: int,
+                  cc: int | None = None) -> str | None:
+    """Why the igemm strategy cannot run a conv of ``dtype`` activations with ``Ci`` input channels per
+    group, ``Co`` output channels, ``groups`` and the weight's ``block_size`` on sm_``cc`` (None: it can,
+    given 16-byte aligned operands; ``cc`` None: on a GPU new enough). Pure: no GPU."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"it needs fp16 or bf16 activations, got {dtype}"
     if Ci % BK != 0:
-        return f"it needs Ci % {BK} == 0, got Ci={Ci}"
-    if qw.block_size % BK != 0:
-        return f"it needs block_size % {BK} == 0, got block_size={qw.block_size}"
+        return f"it needs Ci % {BK} == 0, got Ci={Ci}" if groups == 1 else (
+            f"it needs Ci / groups % {BK} == 0, got Ci / groups = {Ci} (groups={groups})")
+    if groups > 1 and (Co // groups) % BN != 0:  # a tile's BN columns must read one group's channels
+        return f"it needs (Co / groups) % {BN} == 0 for groups > 1, got Co={Co}, groups={groups}"
+    if block_size % BK != 0:
+        return f"it needs block_size % {BK} == 0, got block_size={block_size}"
+    return None if cc is None else _arch_problem(cc)
+
+
+def igemm_unsupported(x: torch.Tensor, channels_last: bool, qw, Ci: int, device: int, groups: int = 1) -> str | None:
+    """Why the igemm strategy cannot run this problem, or None when it can (``Ci``: the weight's
+    input channels, i.e. per group)."""
+    # the GPU is asked for its capability only when the shapes fit
+    problem = igemm_problem(x.dtype, Ci, qw.N, groups, qw.block_size) or _arch_problem(capability(device))
+    if problem is not None:
+        return problem
     if qw.qweight.data_ptr() % 16 != 0:
         return "it needs qw.qweight 16-byte aligned"
     if channels_last and x.data_ptr() % 16 != 0:  # an NCHW input is copied to a fresh tensor
@@ -87,6 +106,15 @@ class IgemmPlan:
     reduce as needed); ``plan(x, qw, bias, out)``."""
 
     strategy = "igemm"
+
+    @staticmethod
+    def kernels(dtype: torch.dtype, bits: int, channels_last: bool) -> tuple:
+        """(source, kernel, defines) of every kernel the plan may load: the GEMM, the NCHW -> NHWC
+        transpose of an NCHW input, and the split-K reduction (where the GPU's SM count splits K)."""
+        tag, layout, defines = DTYPE_CODES[dtype][1], "nhwc" if channels_last else "nchw", conv_defines(dtype, bits)
+        return ((SOURCE, f"conv_igemm_{tag}_w{bits}_{layout}", defines),
+                *(() if channels_last else ((SOURCE, "conv_nchw_to_nhwc_b16", dict(defines)),)),
+                (SOURCE, f"conv_splitk_reduce_{tag}_{layout}", dict(defines)))
 
     def __init__(self, geometry: ConvGeometry, dtype: torch.dtype, bits: int, channels_last: bool, device: int,
                  arch: str, sms: int, split_k: int | None):

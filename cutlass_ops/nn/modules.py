@@ -32,7 +32,7 @@ from torch import nn
 
 from cutlass_ops import api
 from cutlass_ops._validate import ACTIVATIONS, FLOAT_DTYPES, check_dtype, check_int, parse_activation, parse_pair
-from cutlass_ops.formats import QuantizedWeight
+from cutlass_ops.formats import QuantizedWeight, packed_K
 from cutlass_ops.torch_ops import linear_w8a8_channel_impl
 
 __all__ = ["QuantLinear", "QuantConv2d", "LINEAR_MODES"]
@@ -260,26 +260,38 @@ class QuantLinear(_QuantModule):
 
 
 class QuantConv2d(_QuantModule):
-    """y = act(conv2d(x, W) + bias) with W quantized weight-only (int4 / int8, blocks along Ci)."""
+    """y = act(conv2d(x, W, groups=groups) + bias) with W [out_channels, in_channels / groups, Kh, Kw]
+    quantized weight-only (int4 / int8, blocks along K = Kh*Kw*in_channels/groups; None: one block
+    per (co, kh, kw)). int4 rows are stored padded to a multiple of 8 (``formats.packed_K``)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  bias: bool = True, *, bits: int = 4, block_size: int | None = None, symmetric: bool = True,
-                 activation=None, device=None, dtype=None):
+                 activation=None, groups: int = 1, device=None, dtype=None):
         super().__init__()
         check_int(in_channels, "in_channels", minimum=1)
         check_int(out_channels, "out_channels", minimum=1)
+        check_int(groups, "groups", minimum=1)
+        if in_channels % groups or out_channels % groups:
+            raise ValueError(f"groups={groups} must divide in_channels={in_channels} and "
+                             f"out_channels={out_channels}")
         Kh, Kw = parse_pair(kernel_size, "kernel_size", 1)
         self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, (Kh, Kw)
+        self.groups = groups
         self.stride = parse_pair(stride, "stride", 1)
         self.padding = parse_pair(padding, "padding", 0)
         self.dilation = parse_pair(dilation, "dilation", 1)
-        block_size = block_size or in_channels
-        if in_channels % block_size:
-            raise ValueError(f"block_size={block_size} must divide in_channels={in_channels} (blocks run along Ci)")
-        self._conv_shape = (out_channels, Kh, Kw, in_channels)
+        Ci = in_channels // groups  # the weight's input channels
+        K = Kh * Kw * Ci
+        block_size = block_size or Ci
+        if K % block_size:
+            raise ValueError(f"block_size={block_size} must divide Kh*Kw*in_channels/groups={K} (blocks run along K)")
+        self._conv_shape = (out_channels, Kh, Kw, Ci)
         self.symmetric, self.mode = symmetric, "weight_only"
         self.act = parse_activation(activation)
-        self._init_buffers(out_channels, Kh * Kw * in_channels, bits, block_size, bias, device, dtype)
+        self._init_buffers(out_channels, K, bits, block_size, bias, device, dtype)
+        if packed_K(K, bits, conv=True) != K:  # int4 rows padded to whole 32-bit words: the stored width
+            self._buffers["qweight"] = torch.zeros(out_channels, packed_K(K, bits, conv=True) // 2, dtype=torch.uint8,
+                                                   device=device)
 
     @classmethod
     def from_float(cls, module: nn.Conv2d, config) -> "QuantConv2d":
@@ -293,7 +305,8 @@ class QuantConv2d(_QuantModule):
         qw = config.quantize_conv(w)
         padding = config.conv_padding(module)
         q = cls(module.in_channels, module.out_channels, module.kernel_size, module.stride, padding, module.dilation,
-                module.bias is not None, device=w.device, dtype=w.dtype, **config.module_kwargs(qw))
+                module.bias is not None, groups=module.groups, device=w.device, dtype=w.dtype,
+                **config.module_kwargs(qw))
         q.set_weight(qw)
         if module.bias is not None:
             q.bias.copy_(module.bias.detach())
@@ -301,24 +314,32 @@ class QuantConv2d(_QuantModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and not torch.compiler.is_compiling():
-            return api.conv2d(x, self.weight(), self.bias, self.stride, self.padding, self.dilation, self.act)
+            return api.conv2d(x, self.weight(), self.bias, self.stride, self.padding, self.dilation, self.act,
+                              self.groups)
         self._check_input(x)
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(f"x must be [B, Ci={self.in_channels}, H, W], got {tuple(x.shape)}")
         return torch.ops.cutlass_ops.conv2d(x, self.qweight, self.scale, self.offset, self.bits, self.block_size,
                                             list(self._conv_shape), self.bias, list(self.stride), list(self.padding),
-                                            list(self.dilation), self.act)
+                                            list(self.dilation), self.act, self.groups)
 
     def spec(self) -> dict:
         return {"kind": "QuantConv2d", "in_channels": self.in_channels, "out_channels": self.out_channels,
                 "kernel_size": list(self.kernel_size), "stride": list(self.stride), "padding": list(self.padding),
                 "dilation": list(self.dilation), "bias": self.bias is not None, "bits": self.bits,
-                "block_size": self.block_size, "symmetric": self.symmetric, "activation": _ACT_NAMES[self.act]}
+                "block_size": self.block_size, "symmetric": self.symmetric, "activation": _ACT_NAMES[self.act],
+                **({"groups": self.groups} if self.groups != 1 else {})}  # specs saved before groups stay valid
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.__dict__.setdefault("groups", 1)  # modules pickled before groups support
 
     def extra_repr(self) -> str:
-        block = "per (co, kh, kw)" if self.block_size == self.in_channels else f"block_size={self.block_size}"
+        Ci = self.in_channels // self.groups
+        block = "per (co, kh, kw)" if self.block_size == Ci else f"block_size={self.block_size}"
+        groups = f", groups={self.groups}" if self.groups != 1 else ""
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
-                f"padding={self.padding}, dilation={self.dilation}, bias={self.bias is not None}, "
+                f"padding={self.padding}, dilation={self.dilation}{groups}, bias={self.bias is not None}, "
                 f"W{self.bits}A16, {block}{'' if self.symmetric else ', asymmetric'}{self._act_repr()}")
 
 

@@ -184,13 +184,14 @@ def test_rejects_bad_arguments():
                                                               memory_format=torch.channels_last))
 
 
-def test_block_size_must_divide_ci():
-    """formats already enforces it; a hand-built weight that breaks it is still refused here."""
+def test_block_size_must_divide_K():
+    """formats already enforces it; a hand-built weight that breaks it is still refused here (its last
+    block would read past scale / offset). Blocks may span taps: 96 would divide K = 288."""
     x, qw, _ = _make(CASES[0])
     qwg = qw.to("cuda")
-    qwg.block_size = 96  # set after __post_init__ on purpose: 96 divides K = 288 but not Ci = 32
-    qwg.scale = qwg.scale[:, :3].contiguous()
-    qwg.offset = qwg.offset[:, :3].contiguous()
+    qwg.block_size = 64  # set after __post_init__ on purpose: 64 does not divide K = 288
+    qwg.scale = qwg.scale[:, :4].contiguous()
+    qwg.offset = qwg.offset[:, :4].contiguous()
     with pytest.raises(ValueError, match="block_size"):
         conv2d_weight_only(x.cuda(), qwg, padding=1)
 
