@@ -20,7 +20,11 @@ at >= 80% of copy BW; M = 2..16 within 1.3x of the same shape's M = 1 time; W4 a
 faster than cuBLAS. A summary counts the shapes meeting each target per dtype and bits.
 
     python scripts/bench_llm_shapes.py [--quick] [--shapes 8B 70B/down 4096x14336] [--M 1 16]
-        [--dtypes fp16] [--bits 4] [--out PATH]   # default: scripts/results/<gpu>/llm_shapes.md
+        [--dtypes fp16] [--bits 4] [--gemm-small-m] [--out PATH]   # default: scripts/results/<gpu>/llm_shapes.md
+
+``--gemm-small-m`` turns on ``weight_only.dispatch.GEMM_SMALL_M_DEFAULT`` for the run (strategy "gemm_small_m"
+by default for 9 <= M <= 64 on sm_80+ fp16/bf16), to measure the switch before flipping it in the source
+(default table: scripts/results/<gpu>/llm_shapes_gemm_small_m.md).
 
 The table is rewritten after each shape (a run cut short keeps what it measured); progress goes to
 stderr through logging.
@@ -185,7 +189,9 @@ def report(shapes, args, results: dict, qbytes: dict, bw: float, l2: int, failed
              f"copies of the weight and x to read >= {ROTATE_L2}x L2. cuBLAS: `F.linear` with the dense weight in the "
              f"activation dtype; W4 / W8: `cutlass_ops.linear`, asymmetric minmax, block {GROUP}. floor: (packed "
              "weight + scale/offset words + x + y bytes) / copy BW; % BW: floor / time; vs cuBLAS: cuBLAS time / "
-             "time; / M=1: time / the same shape's M = 1 time in the same dtype.", "",
+             "time; / M=1: time / the same shape's M = 1 time in the same dtype."
+             + (" Default dispatch with `GEMM_SMALL_M_DEFAULT` on (gemm_small_m for 9 <= M <= 64)."
+                if getattr(args, "gemm_small_m", False) else ""), "",
              "Targets (! marks a miss): " + "; ".join(TARGETS.values()) + ".", "",
              table(header, rows), "", "Summary (shapes meeting each target, of those measured):", ""]
     for dt in args.dtypes:
@@ -212,7 +218,13 @@ def main() -> int:
     parser.add_argument("--M", type=int, nargs="+", help=f"default {' '.join(map(str, M_VALUES))}")
     parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), help="default fp16 bf16")
     parser.add_argument("--bits", type=int, nargs="+", choices=(4, 8), default=[4, 8], help="default 4 8")
+    parser.add_argument("--gemm-small-m", action="store_true",
+                        help="default dispatch with weight_only.dispatch.GEMM_SMALL_M_DEFAULT on (9 <= M <= 64)")
     args = parser.parse_args()
+    if args.gemm_small_m:
+        from cutlass_ops.weight_only import dispatch
+
+        dispatch.GEMM_SMALL_M_DEFAULT = True
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(relativeCreated)8.0f ms %(message)s")
     if not torch.cuda.is_available():
         log.error("needs a CUDA GPU")
@@ -244,7 +256,8 @@ def main() -> int:
             torch.cuda.empty_cache()
             last = k == len(shapes) - 1
             with contextlib.redirect_stdout(io.StringIO()) if not last else contextlib.nullcontext():
-                write_report(report(shapes, args, results, qbytes, bw, l2, failed), args.out, "llm_shapes")
+                write_report(report(shapes, args, results, qbytes, bw, l2, failed), args.out,
+                             "llm_shapes_gemm_small_m" if args.gemm_small_m else "llm_shapes")
     log.info("done: %d shapes in %.0f s%s", len(shapes), time.perf_counter() - start,
              f", {len(failed)} failed" if failed else "")
     return 1 if failed else 0

@@ -117,7 +117,9 @@ def test_strategies_name_every_planner():
     (512, torch.float32, 90, 4, 64, "gemm_simt"),         # fp32 stays off the dequant path by default
     (256, torch.float16, 90, 8, 2, "gemm_simt"),          # int8 block 2: no 32-bit word per group
     (1, torch.float16, 90, 4, 64, "gemv_mma"),            # SMALL_M_GEMV default
-    (8, torch.bfloat16, 90, 8, 64, "gemv_mma"),
+    (7, torch.bfloat16, 90, 8, 64, "gemv_mma"),
+    (8, torch.bfloat16, 90, 4, 64, "gemm_small_m"),       # GEMM_SMALL_M_MIN_M (a narrow int4 weight)
+    (32, torch.bfloat16, 90, 8, 64, "gemv_mma"),          # int8: from GEMM_SMALL_M_INT8_MIN_M
     (1, torch.float16, 75, 4, 64, "gemv_simt"),           # the table applies on sm_80+ only
 ])
 def test_default_strategy(M, dtype, cc, bits, block_size, expected):
@@ -140,7 +142,7 @@ def test_threshold_moves_the_dispatch(monkeypatch):
     qw = _qw()
     monkeypatch.setattr(dispatch, "DEQUANT_CUBLAS_MIN_M", 64)
     assert wo.choose_strategy(64, torch.float16, qw, 90) == "dequant_cublas"
-    assert wo.choose_strategy(63, torch.float16, qw, 90) == "gemv_mma"
+    assert wo.choose_strategy(63, torch.float16, qw, 90) == "gemm_small_m"
 
 
 def test_strategy_problem_names_the_constraint():

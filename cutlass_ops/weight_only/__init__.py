@@ -9,6 +9,9 @@ strategy       kernel (custom_kernels/kernels/)             applies to
 gemv_mma       gemv_mma.cu ``gemv_mma_mt*``                  M <= 64, fp16/bf16, sm_80+; block_size /
                tensor cores with swapped operands, split-K   (32 int4 | 16 int8) a power of two or
                (splitk_reduce.cu)                            per-channel
+gemm_small_m   gemm_small_m.cu ``gemm_small_m_mt*``          as gemv_mma (default for 9 <= M <= 64 only
+               gemv_mma's mma, warps split N and share one   with dispatch.GEMM_SMALL_M_DEFAULT on)
+               cp.async-staged activation tile, split-K
 gemv_stream    gemv_stream.cu ``gemv_stream_m*``             M <= 8, fp16/bf16, any arch; K and
                CUDA cores, two trips of 16-byte loads in     block_size multiples of 32 (int4) or
                flight per lane, activations in shared        16 (int8)
@@ -57,30 +60,35 @@ from cutlass_ops import plan_cache
 from . import dispatch
 from .dequant_cublas import DequantCublasPlan, dequantizer
 from .dispatch import (
-    DEQUANT_CUBLAS_MIN_M, GEMV_MMA_MAX_M, SMALL_M_GEMV, STRATEGIES, choose_strategy, dequant_problem,
-    strategy_problem,
+    DEQUANT_CUBLAS_MIN_M, GEMV_MMA_MAX_M, SMALL_M_GEMV, STRATEGIES, candidate_strategies, choose_strategy,
+    dequant_problem, strategy_problem,
 )
 from .gemm_mma import GemmMmaPlan, gemm_mma_smem
 from .gemm_simt import GemmSimtPlan
+from .gemm_small_m import GemmSmallMPlan
 from .gemv_dp4a import GemvDp4aPlan
 from .gemv_mma import GemvMmaGatherPlan, GemvMmaPlan
 from .gemv_simt import GemvSimtPlan
 from .gemv_stream import GemvStreamPlan
 from .shared import ELEMENT, block_shift, pack_scale_offset
 from .variants import (
-    GEMM_CONFIGS, SMALL_M_INT4_GEMV_MMA, GemmConfig, GemvMmaConfig, StreamConfig, StreamShape, default_gemm_config,
-    default_gemv_mma_config, stream_launch_shape,
+    GEMM_CONFIGS, SMALL_M_INT4_GEMV_MMA, GemmConfig, GemmSmallMConfig, GemvMmaConfig, SmallMShape, StreamConfig,
+    StreamShape, default_gemm_config, default_gemm_small_m_config, default_gemv_mma_config, gemm_small_m_smem,
+    small_m_launch_shape, stream_launch_shape,
 )
 
 __all__ = ["STRATEGIES", "GEMV_MMA_MAX_M", "DEQUANT_CUBLAS_MIN_M", "SMALL_M_GEMV", "PLANS", "GemmConfig",
            "GEMM_CONFIGS", "GemvMmaConfig", "SMALL_M_INT4_GEMV_MMA", "StreamConfig", "StreamShape",
            "default_gemm_config", "default_gemv_mma_config", "stream_launch_shape", "linear_weight_only",
            "dequantize_weight", "choose_strategy", "strategy_problem", "get_plan", "dispatch",
-           "ELEMENT", "block_shift", "pack_scale_offset", "gemm_mma_smem"]
+           "ELEMENT", "block_shift", "pack_scale_offset", "gemm_mma_smem", "GemmSmallMConfig", "SmallMShape",
+           "default_gemm_small_m_config", "gemm_small_m_smem", "small_m_launch_shape", "plan_class",
+           "candidate_strategies"]
 
 # strategy -> plan class (constructor (qw, M, dtype, device, config=None); call (x, bias, act, out))
 PLANS = {
     "gemv_mma": GemvMmaPlan,
+    "gemm_small_m": GemmSmallMPlan,
     "gemv_stream": GemvStreamPlan,
     "gemv_simt": GemvSimtPlan,
     "gemv_dp4a": GemvDp4aPlan,
@@ -91,22 +99,27 @@ PLANS = {
 assert set(PLANS) == set(STRATEGIES)
 
 
+def plan_class(strategy: str, cc: int, gather: bool = False, pdl: bool | None = None) -> type:
+    """The plan class running ``strategy`` on sm_``cc``. gather: the act-order plan where there is one:
+    gemv_mma on sm_90+ with programmatic dependent launch on (``pdl``; None: ``CUTLASS_OPS_PDL``), the
+    gather kernel then the GEMV as its programmatic dependent; elsewhere x is gathered first."""
+    if gather and strategy == "gemv_mma" and cc >= 90 and (pdl_enabled() if pdl is None else pdl):
+        return GemvMmaGatherPlan
+    return PLANS[strategy]
+
+
 def _build(qw, M: int, dtype: torch.dtype, device: int, strategy: str | None, config, gather: bool = False):
     cc = capability(device)
     chosen = strategy or choose_strategy(M, dtype, qw, cc)
-    # the one strategy with an act-order plan: gather_k, then the GEMV as its programmatic dependent (Hopper)
-    gather = gather and chosen == "gemv_mma" and cc >= 90 and pdl_enabled()
+    cls = plan_class(chosen, cc, gather)
+    gather = cls is GemvMmaGatherPlan
     problem = strategy_problem(chosen, M, dtype, qw, cc)
     if problem is not None:
         raise ValueError(f"strategy={chosen!r} cannot run M={M}, N={qw.N}, K={qw.K}, bits={qw.bits}, "
                          f"block_size={qw.block_size}, dtype={dtype}: {problem}")
-    cls = PLANS[chosen]
     if config is not None and (cls.config_type is None or not isinstance(config, cls.config_type)):
         raise TypeError(f"config for strategy={chosen!r} must be a "
                         f"{cls.config_type.__name__ if cls.config_type else 'None'}, got {config!r}")
-
-    if gather:
-        cls = GemvMmaGatherPlan
 
     def build():
         with on_device(device):
@@ -163,7 +176,8 @@ def linear_weight_only(x2d: torch.Tensor, qw, bias: torch.Tensor | None = None, 
     contiguous [M, N] tensor of x2d.dtype, 16-byte aligned, written in full. config: a kernel variant
     for the strategy (benchmarks and tests): GemmConfig for "gemm_mma" (None =
     ``default_gemm_config(M)``), GemvMmaConfig for "gemv_mma" (None = ``default_gemv_mma_config(M,
-    bits)``), StreamConfig for "gemv_stream" (None = the defaults). perm: act-order, an int32 contiguous
+    bits)``), StreamConfig for "gemv_stream" (None = the defaults), GemmSmallMConfig for "gemm_small_m"
+    (None = ``default_gemm_small_m_config(M, bits)``). perm: act-order, an int32 contiguous
     tensor [K] on x2d's device with values in [0, K) (checked by the caller): the result is
     act(x2d[:, perm] @ dequantize(qw)^T + bias); gemv_mma on Hopper overlaps its gather kernel with the
     GEMV (programmatic dependent launch), the other cases gather x with ``index_select`` first.

@@ -16,7 +16,7 @@ from custom_kernels.launch import I32, I64, KernelArgs, Launch, LaunchConfig, Pt
 from cutlass_ops import plan_cache
 
 from .dispatch import _is_pow2
-from .shared import ELEMENT, aligned_qweight, derived
+from .shared import aligned_qweight, derived, wo_defines
 from .variants import chunk_elems
 
 __all__ = ["DequantArgs", "Dequantizer", "dequantizer", "DequantCublasPlan"]
@@ -34,8 +34,12 @@ class DequantArgs(KernelArgs):
 class Dequantizer:
     """``dequantizer(W)`` writes q * scale + offset into the contiguous [N, K] ``dtype`` tensor W."""
 
+    @staticmethod
+    def kernel(dtype, bits: int) -> tuple[str, str, dict[str, int]]:
+        """(source, kernel, defines) of the dequantization of ``bits``-bit weights to ``dtype``."""
+        return "dequant_weight.cu", "dequant_weight", wo_defines(dtype, bits)
+
     def __init__(self, qw, dtype, device: int):
-        defines = {"WO_ELEMENT": ELEMENT[dtype], "WO_BITS": qw.bits}
         qweight, scale, offset = aligned_qweight(qw), qw.scale.contiguous(), qw.offset.contiguous()
         bs = qw.block_size
         total_words = qw.N * qw.K * qw.bits // 32
@@ -45,7 +49,7 @@ class Dequantizer:
                            total_words=total_words, block_size=bs,
                            block_shift=int(math.log2(bs)) if _is_pow2(bs) else -1,
                            chunk_uniform=int(bs % chunk_elems(qw.bits) == 0))
-        kernel = load_kernel("dequant_weight.cu", "dequant_weight", defines, device=device)
+        kernel = load_kernel(*self.kernel(dtype, qw.bits), device=device)
         self.launch = Launch(kernel, LaunchConfig.of(blocks, 32 * WARPS), args, device)
         self._keep = (derived(qweight, qw.qweight), derived(scale, qw.scale), derived(offset, qw.offset))
 
@@ -67,6 +71,11 @@ class DequantCublasPlan:
     config_type = None
     bias_tensor = True  # __call__ takes the bias tensor (or None), not its address
     per_m = False       # one plan serves every M
+
+    @staticmethod
+    def kernels(M: int, dtype, bits: int, config=None) -> tuple:
+        """(source, kernel, defines) of the kernel the plan loads (the GEMM is cuBLAS's)."""
+        return (Dequantizer.kernel(dtype, bits),)
 
     def __init__(self, qw, M: int, dtype, device: int, config=None):
         self.dequant = dequantizer(qw, dtype, device)

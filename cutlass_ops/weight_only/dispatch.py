@@ -8,11 +8,14 @@ import torch
 
 from .variants import chunk_elems
 
-__all__ = ["STRATEGIES", "GEMV_MMA_MAX_M", "DEQUANT_CUBLAS_MIN_M", "SMALL_M_GEMV", "strategy_problem",
+__all__ = ["STRATEGIES", "GEMV_MMA_MAX_M", "DEQUANT_CUBLAS_MIN_M", "SMALL_M_GEMV", "GEMM_SMALL_M_DEFAULT",
+           "GEMM_SMALL_M_MIN_M", "GEMM_SMALL_M_WIDE_MIN_M", "GEMM_SMALL_M_NARROW_N",
+           "GEMM_SMALL_M_INT8_MIN_M", "strategy_problem", "candidate_strategies", "candidates_constant_from",
            "choose_strategy", "dequant_problem"]
 
 # Every strategy name (benchmarks and tests iterate over this).
-STRATEGIES = ("gemv_mma", "gemv_stream", "gemv_simt", "gemv_dp4a", "gemm_mma", "dequant_cublas", "gemm_simt")
+STRATEGIES = ("gemv_mma", "gemm_small_m", "gemv_stream", "gemv_simt", "gemv_dp4a", "gemm_mma", "dequant_cublas",
+              "gemm_simt")
 # Default switch from the tensor-core GEMV to the GEMM. H200, N = K = 8192, W4A16: gemv_mma 23 us at
 # M = 16, 39 us at 32, 62 us at 64; gemm_mma 103-106 us at M = 16..64.
 GEMV_MMA_MAX_M = 64
@@ -29,6 +32,22 @@ DEQUANT_CUBLAS_MIN_M = 128
 # weight: a change here (or to DEQUANT_CUBLAS_MIN_M) applies to weights not yet called with that M.
 SMALL_M_GEMV: dict[int, str] = {M: "gemv_mma" for M in range(1, 9)}
 GEMV_MMA_LIMIT_M = 64   # kMTiles = 8 tiles of 8 rows
+# "gemm_small_m" (warps split N and share one staged activation tile: gemm_small_m.cu) is the default for
+# GEMM_SMALL_M_MIN_M <= M <= GEMM_SMALL_M_LIMIT_M on sm_80+ fp16/bf16, ahead of gemv_mma, except at
+# M < GEMM_SMALL_M_WIDE_MIN_M on weights wider than GEMM_SMALL_M_NARROW_N. H100, W4A16 g128, 8B shapes
+# (scripts/results/nvidia-h100/sweep_small_m.md, us): 4096 x 4096 M = 8 / 16 / 32 / 64: 9.3 / 10.5 / 12.7 /
+# 17.5 vs gemv_mma 15.0 / 18.6 / 26.5 / 39.3; 6144 x 4096 M = 16: 14.0 vs 11.5 (gemv_mma keeps M < 32 there),
+# M = 32 / 64: 17.7 / 23.8 vs 20.2 / 32.6; 28672 x 4096 M = 32 / 64: 48.9 / 71.4 vs 68.0 / 112.9.
+# Read at each dispatch (``cutlass_ops.weight_only.dispatch.GEMM_SMALL_M_DEFAULT``, the module attribute);
+# default plans already cached for a weight and M keep their strategy.
+GEMM_SMALL_M_DEFAULT = True
+GEMM_SMALL_M_MIN_M = 8
+GEMM_SMALL_M_LIMIT_M = 64  # gemm_small_m_mt8: 8 tiles of 8 rows
+GEMM_SMALL_M_WIDE_MIN_M = 32   # below it, only weights of N <= GEMM_SMALL_M_NARROW_N take gemm_small_m
+GEMM_SMALL_M_NARROW_N = 4096
+# int8 weights take gemm_small_m from this M only: at M = 32 it lost to gemv_mma on 12 of 34 Llama shapes
+# (up to 1.34x, wide N / long K: 70B down, 8B qkv-12288), at M = 64 it wins on 27 of 34 (H100 llm_shapes).
+GEMM_SMALL_M_INT8_MIN_M = 33
 GEMV_MAX_M = 8          # gemv_simt / gemv_stream / gemv_dp4a instantiate M = 1..8
 
 
@@ -51,18 +70,19 @@ def strategy_problem(strategy: str, M: int, dtype: torch.dtype, qw, cc: int) -> 
     bits, K, bs = qw.bits, qw.K, qw.block_size
     ce = chunk_elems(bits)
     per_channel = bs == K
-    if strategy in ("gemv_mma", "gemm_mma"):
+    if strategy in ("gemv_mma", "gemm_mma", "gemm_small_m"):
         if dtype == torch.float32:
             return f"{strategy} needs float16/bfloat16 activations, got float32"
         if cc < 80:
             return f"{strategy} needs sm_80+ (mma.m16n8k16), this GPU is sm_{cc}"
-    if strategy == "gemv_mma":
-        if M > GEMV_MMA_LIMIT_M:
-            return f"gemv_mma takes M <= {GEMV_MMA_LIMIT_M}, got M={M}"
+    if strategy in ("gemv_mma", "gemm_small_m"):  # one 16-byte chunk per lane and trip, one group shift
+        limit = GEMV_MMA_LIMIT_M if strategy == "gemv_mma" else GEMM_SMALL_M_LIMIT_M
+        if M > limit:
+            return f"{strategy} takes M <= {limit}, got M={M}"
         if K % ce:
-            return f"gemv_mma needs K % {ce} == 0 for {bits}-bit weights, got K={K}"
+            return f"{strategy} needs K % {ce} == 0 for {bits}-bit weights, got K={K}"
         if not per_channel and not (bs % ce == 0 and _is_pow2(bs // ce)):
-            return f"gemv_mma needs block_size = {ce} * 2^j or per-channel, got block_size={bs}"
+            return f"{strategy} needs block_size = {ce} * 2^j or per-channel, got block_size={bs}"
     elif strategy == "gemm_mma":
         if bs % 16:
             return f"gemm_mma needs block_size % 16 == 0, got block_size={bs}"
@@ -91,13 +111,17 @@ def strategy_problem(strategy: str, M: int, dtype: torch.dtype, qw, cc: int) -> 
     return None
 
 
-def choose_strategy(M: int, dtype: torch.dtype, qw, cc: int) -> str:
-    """The default strategy for this problem: the first that applies of
-    dequant_cublas (fp16/bf16, M >= ``DEQUANT_CUBLAS_MIN_M``), ``SMALL_M_GEMV[M]`` (fp16/bf16, sm_80+),
-    gemv_mma (fp16/bf16, sm_80+, M <= ``GEMV_MMA_MAX_M``), gemv_simt (M <= 8), gemm_mma (fp16/bf16,
-    sm_80+), gemm_simt."""
+def candidate_strategies(M: int, dtype: torch.dtype, cc: int) -> list[str]:
+    """The default dispatch's candidates for M rows of ``dtype`` on sm_``cc``, in order (:func:`choose_strategy`
+    takes the first that applies to the weight): dequant_cublas (fp16/bf16, M >= ``DEQUANT_CUBLAS_MIN_M``),
+    gemm_small_m (fp16/bf16, sm_80+, ``GEMM_SMALL_M_MIN_M`` <= M <= ``GEMM_SMALL_M_LIMIT_M``, with
+    ``GEMM_SMALL_M_DEFAULT`` on; :func:`choose_strategy` skips it for wide weights below
+    ``GEMM_SMALL_M_WIDE_MIN_M``), ``SMALL_M_GEMV[M]`` (fp16/bf16, sm_80+), gemv_mma (fp16/bf16, sm_80+, M <=
+    ``GEMV_MMA_MAX_M``), gemv_simt (M <= 8), gemm_mma (fp16/bf16, sm_80+), gemm_simt."""
     tensor_cores = dtype != torch.float32 and cc >= 80
     order = ["dequant_cublas"] if dtype != torch.float32 and M >= DEQUANT_CUBLAS_MIN_M else []
+    if tensor_cores and GEMM_SMALL_M_DEFAULT and GEMM_SMALL_M_MIN_M <= M <= GEMM_SMALL_M_LIMIT_M:
+        order.append("gemm_small_m")
     if tensor_cores and M in SMALL_M_GEMV:
         if SMALL_M_GEMV[M] not in ("gemv_mma", "gemv_stream"):
             raise ValueError(f"SMALL_M_GEMV[{M}] must be 'gemv_mma' or 'gemv_stream', got {SMALL_M_GEMV[M]!r}")
@@ -106,7 +130,22 @@ def choose_strategy(M: int, dtype: torch.dtype, qw, cc: int) -> str:
     order += ["gemv_simt"] if M <= GEMV_MAX_M else []
     order += ["gemm_mma"] if tensor_cores else []
     order += ["gemm_simt"]
-    for strategy in order:
+    return order
+
+
+def candidates_constant_from() -> int:
+    """The M from which :func:`candidate_strategies` returns the same list for every larger M (the
+    thresholds above, read now: ``SMALL_M_GEMV`` and ``GEMM_SMALL_M_DEFAULT`` may have been changed)."""
+    return max(DEQUANT_CUBLAS_MIN_M, GEMV_MMA_MAX_M + 1, GEMV_MAX_M + 1, GEMM_SMALL_M_LIMIT_M + 1,
+               max(SMALL_M_GEMV, default=0) + 1)
+
+
+def choose_strategy(M: int, dtype: torch.dtype, qw, cc: int) -> str:
+    """The default strategy for this problem: the first of :func:`candidate_strategies` that applies."""
+    for strategy in candidate_strategies(M, dtype, cc):
+        if strategy == "gemm_small_m" and (M < GEMM_SMALL_M_INT8_MIN_M if qw.bits == 8 else
+                                           M < GEMM_SMALL_M_WIDE_MIN_M and qw.N > GEMM_SMALL_M_NARROW_N):
+            continue  # there gemv_mma streams the weight faster (see GEMM_SMALL_M_DEFAULT)
         if strategy_problem(strategy, M, dtype, qw, cc) is None:
             return strategy
     return "gemm_simt"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
 
-from .shared import ELEMENT, SingleLaunchPlan, block_shift, scale_offset_words
+from .shared import SingleLaunchPlan, block_shift, scale_offset_words, wo_defines
 from .variants import GemmConfig, default_gemm_config
 
 __all__ = ["GemmMmaArgs", "GemmMmaPlan", "gemm_mma_smem"]
@@ -28,11 +28,17 @@ class GemmMmaPlan(SingleLaunchPlan):
     strategy = "gemm_mma"
     config_type = GemmConfig
 
+    @staticmethod
+    def kernels(M: int, dtype, bits: int, config: GemmConfig | None = None) -> tuple:
+        """(source, kernel, defines) of the kernel the plan for M rows loads (the config picks the entry
+        point, not the module)."""
+        return (("gemm_mma.cu", (config or default_gemm_config(M)).kernel_name(), wo_defines(dtype, bits)),)
+
     def __init__(self, qw, M: int, dtype, device: int, config: GemmConfig | None = None):
         config = config or default_gemm_config(M)
-        defines = {"WO_ELEMENT": ELEMENT[dtype], "WO_BITS": qw.bits}
         smem = gemm_mma_smem(config.m_tile, qw.bits)
-        kernel = load_kernel("gemm_mma.cu", config.kernel_name(), defines, device=device)
+        (kernel,) = self.kernels(M, dtype, qw.bits, config)
+        kernel = load_kernel(*kernel, device=device)
         kernel.set_max_dynamic_smem(smem)
         tiles = -(-M // config.m_tile) * -(-qw.N // BLOCK_N)
         so = scale_offset_words(qw, dtype)

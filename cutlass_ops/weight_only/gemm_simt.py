@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
 
-from .shared import ELEMENT, SingleLaunchPlan, block_shift
+from .shared import SingleLaunchPlan, block_shift, wo_defines
 
 __all__ = ["GemmSimtArgs", "GemmSimtPlan"]
 
@@ -20,9 +20,14 @@ class GemmSimtArgs(KernelArgs):
 class GemmSimtPlan(SingleLaunchPlan):
     strategy = "gemm_simt"
 
+    @staticmethod
+    def kernels(M: int, dtype, bits: int, config=None) -> tuple:
+        """(source, kernel, defines) of the kernel the plan loads (one for every M)."""
+        return (("gemm_simt.cu", "gemm_simt", wo_defines(dtype, bits)),)
+
     def __init__(self, qw, M: int, dtype, device: int, config=None):
-        defines = {"WO_ELEMENT": ELEMENT[dtype], "WO_BITS": qw.bits}
-        kernel = load_kernel("gemm_simt.cu", "gemm_simt", defines, device=device)
+        (kernel,) = self.kernels(M, dtype, qw.bits)
+        kernel = load_kernel(*kernel, device=device)
         args = GemmSimtArgs(B=qw.qweight.data_ptr(), scale=qw.scale.data_ptr(), offset=qw.offset.data_ptr(),
                             M=M, N=qw.N, K=qw.K, G=qw.num_groups, block_size=qw.block_size,
                             block_shift=block_shift(qw))

@@ -32,16 +32,22 @@ class GemvDp4aPlan:
     bias_tensor = False
     per_m = True
 
-    def __init__(self, qw, M: int, dtype, device: int, config=None):
+    @staticmethod
+    def kernels(M: int, dtype, bits: int = 8, config=None) -> tuple:
+        """(source, kernel, defines) of the two kernels the plan for M rows loads (int8 weights only)."""
         defines = {"WO_ELEMENT": ELEMENT[dtype]}
+        return ("gemv_dp4a.cu", "quantize_q8_1", defines), ("gemv_dp4a.cu", f"gemv_dp4a_m{M}", dict(defines))
+
+    def __init__(self, qw, M: int, dtype, device: int, config=None):
+        quant, gemv = self.kernels(M, dtype, qw.bits)
         K, N = qw.K, qw.N
         q_blocks = K // Q_BLOCK
-        self.quant = Launch(load_kernel("gemv_dp4a.cu", "quantize_q8_1", defines, device=device),
+        self.quant = Launch(load_kernel(*quant, device=device),
                             LaunchConfig.of((-(-q_blocks // QUANT_WARPS), M), 32 * QUANT_WARPS),
                             QuantizeQ81Args(K=K), device)
         args = GemvDp4aArgs(B=qw.qweight.data_ptr(), scale=qw.scale.data_ptr(), offset=qw.offset.data_ptr(),
                             N=N, K=K, G=qw.num_groups, block_size=qw.block_size)
-        self.gemv = Launch(load_kernel("gemv_dp4a.cu", f"gemv_dp4a_m{M}", defines, device=device),
+        self.gemv = Launch(load_kernel(*gemv, device=device),
                            LaunchConfig.of(-(-N // ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK), args, device)
         self.device = device
         # int8 activations, then float32 d and sum per 32-block (K % 32 == 0 keeps them aligned)

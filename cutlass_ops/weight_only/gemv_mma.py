@@ -14,11 +14,23 @@ import torch
 from custom_kernels.device import sm_count
 from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
 
-from .shared import ELEMENT, scale_offset_words
-from .splitk import SplitKGemvPlan
+from .shared import ELEMENT, scale_offset_words, wo_defines
+from .splitk import SplitKGemvPlan, reduce_kernel
 from .variants import GemvMmaConfig, chunk_elems, default_gemv_mma_config
 
-__all__ = ["GemvMmaArgs", "GatherArgs", "GemvMmaPlan", "GemvMmaGatherPlan"]
+__all__ = ["GemvMmaArgs", "GatherArgs", "GemvMmaPlan", "GemvMmaGatherPlan", "gemv_mma_tiles", "gather_kernel"]
+
+SOURCE = "gemv_mma.cu"
+
+
+def gemv_mma_tiles(M: int) -> int:
+    """M tiles of 8 rows of the entry point that runs M rows: gemv_mma_mt{1,2,4,8}."""
+    return next(mt for mt in (1, 2, 4, 8) if M <= 8 * mt)
+
+
+def gather_kernel() -> tuple[str, str, dict[str, int]]:
+    """(source, kernel, defines) of the act-order gather (x[:, perm] into a fresh buffer)."""
+    return "gather_k.cu", "gather_k", {}
 
 
 class GemvMmaArgs(KernelArgs):
@@ -37,15 +49,27 @@ class GemvMmaPlan(SplitKGemvPlan):
 
     gather = False  # GemvMmaGatherPlan: the act-order variant
 
+    @classmethod
+    def module_defines(cls, dtype, bits: int, config: GemvMmaConfig) -> dict[str, int]:
+        """The GEMV module's NVRTC defines (the act-order plan's waits on its gather: WO_PDL_WAIT)."""
+        return {**wo_defines(dtype, bits, config), **({"WO_PDL_WAIT": 1} if cls.gather else {})}
+
+    @classmethod
+    def kernels(cls, M: int, dtype, bits: int, config: GemvMmaConfig | None = None) -> tuple:
+        """(source, kernel, defines) of every kernel the plan for M rows may load: the GEMV, the split-K
+        reduction (where the GPU's SM count makes it split K) and, act-order, the gather."""
+        config = config or default_gemv_mma_config(M, bits)
+        return ((SOURCE, f"gemv_mma_mt{gemv_mma_tiles(M)}", cls.module_defines(dtype, bits, config)),
+                reduce_kernel(ELEMENT[dtype]), *((gather_kernel(),) if cls.gather else ()))
+
     def __init__(self, qw, M: int, dtype, device: int, config: GemvMmaConfig | None = None):
         config = config or default_gemv_mma_config(M, qw.bits)
-        defines = {"WO_ELEMENT": ELEMENT[dtype], "WO_BITS": qw.bits, **config.defines(),
-                   **({"WO_PDL_WAIT": 1} if self.gather else {})}
+        defines = self.module_defines(dtype, qw.bits, config)
         ce = chunk_elems(qw.bits)
         K, N, G = qw.K, qw.N, qw.num_groups
         chunks = K // ce
         group_shift = 30 if G == 1 else int(math.log2(qw.block_size // ce))
-        m_tiles = next(mt for mt in (1, 2, 4, 8) if M <= 8 * mt)
+        m_tiles = gemv_mma_tiles(M)
         blocks_n = -(-N // (16 * config.row_tiles))
         # Split K across blocks only when N alone leaves SMs idle (aim for 2 blocks per SM then);
         # each split keeps >= one trip (4 chunks) for each of 8 warps.
@@ -60,14 +84,14 @@ class GemvMmaPlan(SplitKGemvPlan):
         while warps > 1 and 4 * warps > per_split:
             warps //= 2
         so = scale_offset_words(qw, dtype)
-        kernel = load_kernel("gemv_mma.cu", f"gemv_mma_mt{m_tiles}", defines, device=device)
+        kernel = load_kernel(SOURCE, f"gemv_mma_mt{m_tiles}", defines, device=device)
         args = GemvMmaArgs(B=qw.qweight.data_ptr(), scale_offset=so.data_ptr(), M=M, N=N, K=K, G=G,
                            group_shift=group_shift, chunks_per_split=per_split)
         gemv = Launch(kernel, LaunchConfig.of((blocks_n, splits), 32 * warps, pdl=self.gather), args, device)
         super().__init__(gemv, splits, M, N, ELEMENT[dtype], device, keep=(so,))
         if self.gather:
             vecs = M * K // 8  # one 16-byte vector of x[:, perm] per thread
-            self._gather = Launch(load_kernel("gather_k.cu", "gather_k", {}, device=device),
+            self._gather = Launch(load_kernel(*gather_kernel(), device=device),
                                   LaunchConfig.of(min(-(-vecs // 256), 4 * sm), 256), GatherArgs(M=M, K=K), device)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
 
-from .shared import ELEMENT, SingleLaunchPlan
+from .shared import SingleLaunchPlan, wo_defines
 
 __all__ = ["GemvSimtArgs", "GemvSimtPlan"]
 
@@ -19,9 +19,14 @@ class GemvSimtArgs(KernelArgs):
 class GemvSimtPlan(SingleLaunchPlan):
     strategy = "gemv_simt"
 
+    @staticmethod
+    def kernels(M: int, dtype, bits: int, config=None) -> tuple:
+        """(source, kernel, defines) of the kernel the plan for M rows loads."""
+        return (("gemv_simt.cu", f"gemv_simt_m{M}", wo_defines(dtype, bits)),)
+
     def __init__(self, qw, M: int, dtype, device: int, config=None):
-        defines = {"WO_ELEMENT": ELEMENT[dtype], "WO_BITS": qw.bits}
-        kernel = load_kernel("gemv_simt.cu", f"gemv_simt_m{M}", defines, device=device)
+        (kernel,) = self.kernels(M, dtype, qw.bits)
+        kernel = load_kernel(*kernel, device=device)
         args = GemvSimtArgs(B=qw.qweight.data_ptr(), scale=qw.scale.data_ptr(), offset=qw.offset.data_ptr(),
                             N=qw.N, K=qw.K, G=qw.num_groups, block_size=qw.block_size)
         config = LaunchConfig.of(-(-qw.N // ROWS_PER_BLOCK), 32 * ROWS_PER_BLOCK)

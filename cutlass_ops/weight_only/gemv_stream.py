@@ -10,8 +10,8 @@ from custom_kernels.device import sm_count, smem_limits
 from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
 
 from .dispatch import _is_pow2
-from .shared import ELEMENT, aligned_qweight, derived, scale_offset_words
-from .splitk import SplitKGemvPlan
+from .shared import ELEMENT, aligned_qweight, derived, scale_offset_words, wo_defines
+from .splitk import SplitKGemvPlan, reduce_kernel
 from .variants import StreamConfig, chunk_elems, stream_launch_shape
 
 log = logging.getLogger(__name__)
@@ -29,9 +29,16 @@ class GemvStreamPlan(SplitKGemvPlan):
     strategy = "gemv_stream"
     config_type = StreamConfig
 
+    @staticmethod
+    def kernels(M: int, dtype, bits: int, config: StreamConfig | None = None) -> tuple:
+        """(source, kernel, defines) of every kernel the plan for M rows may load (the split-K reduction
+        where the activations do not fit in shared memory or N leaves warp slots idle)."""
+        return (("gemv_stream.cu", f"gemv_stream_m{M}", wo_defines(dtype, bits, config or StreamConfig())),
+                reduce_kernel(ELEMENT[dtype]))
+
     def __init__(self, qw, M: int, dtype, device: int, config: StreamConfig | None = None):
         config = config or StreamConfig()
-        defines = {"WO_ELEMENT": ELEMENT[dtype], "WO_BITS": qw.bits, **config.defines()}
+        defines = wo_defines(dtype, qw.bits, config)
         ce = chunk_elems(qw.bits)
         K, N, G = qw.K, qw.N, qw.num_groups
         qweight = aligned_qweight(qw)

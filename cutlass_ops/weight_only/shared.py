@@ -10,16 +10,24 @@ import math
 import torch
 
 from cutlass_ops import plan_cache
+from cutlass_ops.finite_check import HOST_CHECK_MAX
 
 from .dispatch import _is_pow2
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ELEMENT", "block_shift", "pack_scale_offset", "scale_offset_words", "aligned_qweight", "derived",
-           "SingleLaunchPlan"]
+__all__ = ["ELEMENT", "wo_defines", "block_shift", "pack_scale_offset", "scale_offset_words", "aligned_qweight",
+           "derived", "SingleLaunchPlan"]
 
 # WO_ELEMENT of the kernels (weight_only_types.cuh): the activation / output type.
 ELEMENT = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2}
+
+
+def wo_defines(dtype: torch.dtype, bits: int, config=None) -> dict[str, int]:
+    """The NVRTC defines of a weight-only kernel module: activation type, weight width, and those of the
+    kernel variant ``config`` (its ``defines()``; the defaults add none). Plans load their kernels with
+    these, and ``cutlass_ops.default_variants`` enumerates the modules from the same function."""
+    return {"WO_ELEMENT": ELEMENT[dtype], "WO_BITS": bits, **(config.defines() if config is not None else {})}
 
 
 def block_shift(qw) -> int:
@@ -31,15 +39,19 @@ def block_shift(qw) -> int:
 
 def pack_scale_offset(qw, dtype: torch.dtype) -> torch.Tensor:
     """int32 [N, G]: scale in the low 16 bits, offset in the high 16 bits, both as ``dtype``."""
-    pair = torch.stack((qw.scale.to(dtype), qw.offset.to(dtype)), dim=-1)
+    device = qw.scale.device
+    scale, offset = qw.scale, qw.offset
+    if device.type == "cuda" and scale.numel() <= HOST_CHECK_MAX:  # as finite_check.all_finite: no first
+        scale, offset = scale.cpu(), offset.cpu()                   # launches of torch kernels in a new process
+    pair = torch.stack((scale.to(dtype), offset.to(dtype)), dim=-1)
     if not bool(torch.isfinite(pair).all()):
         raise ValueError(f"qw.scale/qw.offset overflow {dtype} (the tensor-core kernels dequantize in the "
                          f"activation type); use float32 activations or strategy='gemm_simt'/'gemv_simt'")
     tiny = torch.finfo(dtype).tiny
-    if dtype == torch.float16 and bool(((qw.scale.abs() < tiny) & (qw.scale != 0)).any()):
+    if dtype == torch.float16 and bool(((scale.abs() < tiny) & (scale != 0)).any()):
         log.warning("some qw.scale values are below the float16 normal range (%g): they lose relative "
                     "precision in the float16 tensor-core kernels", tiny)
-    return pair.contiguous().view(torch.int32).reshape(qw.N, qw.num_groups)
+    return pair.contiguous().view(torch.int32).reshape(qw.N, qw.num_groups).to(device)
 
 
 def scale_offset_words(qw, dtype: torch.dtype) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 from custom_kernels.device import raw_stream, sm_count
 from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
 
-__all__ = ["SplitKReduceArgs", "reduce_launch", "SplitKGemvPlan"]
+__all__ = ["SplitKReduceArgs", "reduce_kernel", "reduce_launch", "SplitKGemvPlan"]
 
 
 class SplitKReduceArgs(KernelArgs):
@@ -20,9 +20,14 @@ class SplitKReduceArgs(KernelArgs):
                 ("act", I32)]
 
 
+def reduce_kernel(element: int) -> tuple[str, str, dict[str, int]]:
+    """(source, kernel, defines) of the reduction for output type ``element`` (WO_ELEMENT)."""
+    return "splitk_reduce.cu", "splitk_reduce", {"WO_ELEMENT": element}
+
+
 def reduce_launch(M: int, N: int, splits: int, element: int, device: int) -> Launch:
     """The splitk_reduce launch of an [M, N] output over ``splits`` workspace slices."""
-    kernel = load_kernel("splitk_reduce.cu", "splitk_reduce", {"WO_ELEMENT": element}, device=device)
+    kernel = load_kernel(*reduce_kernel(element), device=device)
     grid = min(-(-(M * N) // 256), 8 * sm_count(device))
     return Launch(kernel, LaunchConfig.of(grid, 256), SplitKReduceArgs(M=M, N=N, splits=splits), device)
 

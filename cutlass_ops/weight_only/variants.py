@@ -1,16 +1,18 @@
 """Kernel variants and launch shapes of the weight-only kernels: pure data and arithmetic, no GPU.
 
-``GemmConfig`` / ``GemvMmaConfig`` / ``StreamConfig`` name a compiled variant of gemm_mma,
-gemv_mma and gemv_stream (their NVRTC defines); ``default_*`` pick the variant the default dispatch
-uses; ``stream_launch_shape`` sizes a gemv_stream launch for a GPU. ``cutlass_ops.weight_only``
-re-exports all of it.
+``GemmConfig`` / ``GemvMmaConfig`` / ``StreamConfig`` / ``GemmSmallMConfig`` name a compiled variant of
+gemm_mma, gemv_mma, gemv_stream and gemm_small_m (their NVRTC defines); ``default_*`` pick the variant the
+default dispatch uses; ``stream_launch_shape`` / ``small_m_launch_shape`` size a gemv_stream / gemm_small_m
+launch for a GPU. ``cutlass_ops.weight_only`` re-exports all of it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 __all__ = ["GemmConfig", "GEMM_CONFIGS", "default_gemm_config", "GemvMmaConfig", "SMALL_M_INT4_GEMV_MMA",
-           "default_gemv_mma_config", "StreamConfig", "StreamShape", "stream_launch_shape", "chunk_elems"]
+           "default_gemv_mma_config", "StreamConfig", "StreamShape", "stream_launch_shape", "chunk_elems",
+           "GemmSmallMConfig", "default_gemm_small_m_config", "small_m_tiles", "gemm_small_m_smem", "SmallMShape",
+           "small_m_launch_shape"]
 
 
 def chunk_elems(bits: int) -> int:
@@ -146,3 +148,101 @@ def stream_launch_shape(M: int, N: int, K: int, bits: int, sm_count: int, smem_p
     blocks_per_sm = config.min_blocks if blocks_per_sm is None else blocks_per_sm
     grid_x = max(1, min(-(-row_groups // config.warps), -(-sm_count * max(1, blocks_per_sm) // splits)))
     return StreamShape(splits, per_split, grid_x, M * per_split * (2 * ce + 4))
+
+
+# ---------------------------------------------------------------------------------------------
+# gemm_small_m (gemm_small_m.cu): warps split N, one shared activation tile per block
+# ---------------------------------------------------------------------------------------------
+
+SMALL_M_STAGE_TRIPS = 2      # kStageTrips: trips (4 chunks of K) per cp.async stage
+SMALL_M_MIN_SPLIT_STAGES = 2  # a K split keeps at least this many stages (prologue and drain amortized)
+
+
+@dataclass(frozen=True)
+class GemmSmallMConfig:
+    """A gemm_small_m kernel variant (gemm_small_m.cu ``GEMM_SMALL_M_*`` defines): ``row_tiles`` 16-row
+    tiles of N per warp (4 only for M <= 32: the mt8 entry is not built with it), ``warps`` per block
+    (they split N: a block covers 16 row_tiles warps rows), ``stages`` of the activation tile in shared
+    memory, ``splits`` the K splits across blocks (None: :func:`small_m_launch_shape`'s rule)."""
+
+    row_tiles: int = 2
+    warps: int = 8
+    stages: int = 3
+    splits: int | None = None
+
+    def __post_init__(self):
+        for name, allowed in (("row_tiles", (1, 2, 4)), ("warps", (4, 8)), ("stages", (2, 3, 4))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"GemmSmallMConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.splits is not None and (isinstance(self.splits, bool) or not isinstance(self.splits, int)
+                                        or self.splits < 1):
+            raise ValueError(f"GemmSmallMConfig.splits must be None or a positive int, got {self.splits!r}")
+
+    @property
+    def rows_per_block(self) -> int:
+        """Rows of N per block."""
+        return 16 * self.row_tiles * self.warps
+
+    @property
+    def max_m(self) -> int:
+        """The largest M the variant's entry points take (8 x the largest M tile count built)."""
+        return 32 if self.row_tiles == 4 else 64
+
+    def defines(self) -> dict[str, int]:
+        """The NVRTC defines that differ from the kernel's defaults (defaults compile as the plain file)."""
+        base = GemmSmallMConfig()
+        return {f"GEMM_SMALL_M_{k.upper()}": getattr(self, k) for k in ("row_tiles", "warps", "stages")
+                if getattr(self, k) != getattr(base, k)}
+
+
+def default_gemm_small_m_config(M: int, bits: int) -> GemmSmallMConfig:
+    """The gemm_small_m variant the default dispatch uses: 2 activation stages (r2w8s2), the fastest or
+    within 2% of it on every 8B shape at M = 32 / 64 in scripts/results/nvidia-h100/sweep_small_m.md."""
+    return GemmSmallMConfig(stages=2)
+
+
+def small_m_tiles(M: int) -> int:
+    """M tiles of 8 rows of the entry point that runs M rows: gemm_small_m_mt{1,2,4,8}."""
+    if not 1 <= M <= 64:
+        raise ValueError(f"gemm_small_m takes 1 <= M <= 64, got M={M}")
+    return next(mt for mt in (1, 2, 4, 8) if M <= 8 * mt)
+
+
+def gemm_small_m_smem(m_tiles: int, bits: int, stages: int) -> int:
+    """Dynamic shared memory of a gemm_small_m block: ``stages`` x 8 m_tiles activation rows, each the
+    stage's K elements (2 bytes each) plus 16 bytes of bank padding (Geometry::kRowBytes)."""
+    stage_k = SMALL_M_STAGE_TRIPS * 4 * chunk_elems(bits)
+    return stages * 8 * m_tiles * (2 * stage_k + 16)
+
+
+@dataclass(frozen=True)
+class SmallMShape:
+    """gemm_small_m launch: a grid of ``blocks_n`` x ``splits`` blocks, each split ``chunks_per_split``
+    16-byte chunks of K (a multiple of the stage's chunks; the last split may be shorter)."""
+
+    blocks_n: int
+    splits: int
+    chunks_per_split: int
+
+
+def small_m_launch_shape(N: int, K: int, bits: int, sm_count: int, config: GemmSmallMConfig = GemmSmallMConfig(),
+                         blocks_per_sm: int = 1) -> SmallMShape:
+    """The gemm_small_m grid for one problem on one GPU (pure arithmetic, no GPU needed).
+
+    N alone gives ceil(N / rows_per_block) blocks. When that leaves SMs without a block, K is split so
+    that the grid is about one full wave of resident blocks (``blocks_per_sm``, the measured occupancy:
+    up to ~2 blocks per SM where registers and shared memory allow), each split keeping at least
+    ``SMALL_M_MIN_SPLIT_STAGES`` stages; ``config.splits`` forces the count (capped at one stage per split).
+    """
+    chunks = K // chunk_elems(bits)
+    stage_chunks = 4 * SMALL_M_STAGE_TRIPS
+    blocks_n = -(-N // config.rows_per_block)
+    if config.splits is not None:
+        splits = min(config.splits, -(-chunks // stage_chunks))
+    elif blocks_n >= sm_count:
+        splits = 1
+    else:
+        splits = min(max(1, sm_count * max(1, blocks_per_sm) // blocks_n),
+                     max(1, chunks // (SMALL_M_MIN_SPLIT_STAGES * stage_chunks)))
+    per_split = -(-(-(-chunks // splits)) // stage_chunks) * stage_chunks
+    return SmallMShape(blocks_n, -(-chunks // per_split), per_split)

@@ -120,10 +120,10 @@ def test_act_order_layer_gradients_on_gpu():
 @pytest.mark.parametrize("M", (1, 5, 17, 64, 130))
 def test_act_order_plan_equals_gather_then_kernel(case, M, dtype):
     """linear(x, qw, perm=): on Hopper, gemv_mma's act-order plan (gather_k, then the GEMV as its programmatic
-    dependent) for M <= 64, index_select then the kernel beyond; either way bit-identical to gathering x and
+    dependent) where the default strategy is gemv_mma, index_select then the kernel otherwise; either way bit-identical to gathering x and
     calling the kernel without perm (same products, same order)."""
     from custom_kernels.device import capability
-    from cutlass_ops.weight_only import get_plan
+    from cutlass_ops.weight_only import choose_strategy, get_plan
 
     imp, w = _source(case)
     qw, perm = imp.weight.to("cuda"), imp.perm.cuda()
@@ -134,7 +134,8 @@ def test_act_order_plan_equals_gather_then_kernel(case, M, dtype):
     torch.cuda.synchronize()
     assert torch.equal(fused, plain)
     plan = get_plan(qw, M, dtype, x.device.index, gather=True)  # the plan linear() used
-    assert getattr(plan, "gather", False) == (M <= 64 and capability(x.device.index) >= 90)
+    cc = capability(x.device.index)
+    assert getattr(plan, "gather", False) == (cc >= 90 and choose_strategy(M, dtype, qw, cc) == "gemv_mma")
     # the module's eager path is the same call; under CUDA graphs too (the PDL edge is captured)
     layer = QuantLinear.from_imported(Imported(qw, perm), bias, activation="relu")
     assert torch.equal(layer(x), fused)
