@@ -9,13 +9,14 @@ CPU machine.
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
-
-from cuda.bindings import nvrtc
 
 from .cache import cache_dir, content_key, get_or_build, looks_like_elf
 from .cuda_paths import cuda_include_dirs
@@ -39,8 +40,16 @@ class Cubin:
     from_cache: bool
 
 
+def _nvrtc():
+    """cuda.bindings.nvrtc, imported when NVRTC is first needed: with it come cuda.pathfinder and the
+    library's dlopen (tens of ms in a fresh process), which a cached cubin does not need."""
+    from cuda.bindings import nvrtc
+    return nvrtc
+
+
 def _check(result, what: str):
     """Unpack a cuda.bindings.nvrtc return tuple, raising on anything but NVRTC_SUCCESS."""
+    nvrtc = _nvrtc()
     err, *rest = result
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         _, msg = nvrtc.nvrtcGetErrorString(err)
@@ -50,9 +59,45 @@ def _check(result, what: str):
     return rest[0] if len(rest) == 1 else tuple(rest)
 
 
+VERSION_STAMP = "version.json"  # in cache_dir("nvrtc"): NVRTC's version and the library it came from
+
+
+def _environment() -> list[str]:
+    """What decides which libnvrtc cuda.pathfinder finds (besides the files themselves)."""
+    import cuda.bindings
+
+    return [cuda.bindings.__version__, os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""),
+            os.environ.get("LD_LIBRARY_PATH", ""), os.path.realpath(sys.prefix)]
+
+
 @functools.lru_cache(maxsize=None)
 def nvrtc_version() -> tuple[int, int]:
-    return tuple(_check(nvrtc.nvrtcVersion(), "nvrtcVersion"))  # type: ignore[return-value]
+    """NVRTC's (major, minor), part of every cubin's cache key.
+
+    Asking NVRTC costs tens of ms in a fresh process, so the answer is kept in the cache with the
+    library's path, size and mtime and the environment that chose it, and reused while all of them are
+    unchanged: a process whose kernels are all cached (or shipped) never loads NVRTC."""
+    stamp = cache_dir("nvrtc") / VERSION_STAMP
+    try:
+        record = json.loads(stamp.read_text())
+        st = os.stat(record["library"])
+        if record["stat"] == [st.st_size, st.st_mtime_ns] and record["environment"] == _environment():
+            return tuple(record["version"])  # type: ignore[return-value]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no stamp yet, or stale: ask NVRTC
+    version = tuple(_check(_nvrtc().nvrtcVersion(), "nvrtcVersion"))
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        library = load_nvidia_dynamic_lib("nvrtc").abs_path  # the one cuda.bindings loaded (memoized)
+        st = os.stat(library)
+        tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"version": list(version), "library": library,
+                                   "stat": [st.st_size, st.st_mtime_ns], "environment": _environment()}))
+        os.replace(tmp, stamp)  # atomic: a concurrent reader sees the old stamp or the new one
+    except Exception as exc:  # noqa: BLE001  (the stamp only saves time: never fail a compile over it)
+        log.debug("NVRTC version stamp not written: %s", exc)
+    return version  # type: ignore[return-value]
 
 
 def normalize_arch(arch: int | str) -> str:
@@ -72,10 +117,11 @@ def _project_headers_digest() -> str:
     return content_key(*parts)
 
 
-def _build_options(arch: str, defines: Mapping[str, object], options: Iterable[str]) -> list[str]:
+def _build_options(arch: str, defines: Mapping[str, object], options: Iterable[str],
+                   include_dirs: Iterable[str] = ()) -> list[str]:
     opts = list(BASE_OPTIONS)
     opts.append(f"--gpu-architecture=sm_{arch}")
-    opts += [f"-I{d}" for d in (str(KERNEL_DIR), *cuda_include_dirs())]
+    opts += [f"-I{d}" for d in include_dirs]
     opts += [f"-D{k}={v}" for k, v in sorted(defines.items())]
     opts += list(options)
     return opts
@@ -92,12 +138,18 @@ def compile_source(
 ) -> Cubin:
     """Compile CUDA C++ ``source`` to a cubin for ``arch``; returns the cached one if present."""
     arch = normalize_arch(arch)
-    opts = _build_options(arch, defines or {}, options)
-    # Include dirs are machine paths; keep them out of the key so carried caches still hit.
-    key_opts = [o for o in opts if not o.startswith("-I")]
+    # Include dirs are machine paths; keep them out of the key so carried caches still hit. They are
+    # looked up only to compile: the toolkit search (cuda-pathfinder may start a probe process) stays
+    # off the path of a shipped or cached cubin.
+    key_opts = [o for o in _build_options(arch, defines or {}, options) if not o.startswith("-I")]
     key = content_key(source, _project_headers_digest(), "\0".join(key_opts), repr(nvrtc_version()), arch)
     path = cache_dir("nvrtc") / f"{Path(name).stem}-sm{arch}-{key[:24]}.cubin"
-    data, from_cache = get_or_build(path, lambda: _compile(source, name, arch, opts, key_opts), looks_like_elf,
+
+    def build() -> bytes:
+        opts = _build_options(arch, defines or {}, options, (str(KERNEL_DIR), *cuda_include_dirs()))
+        return _compile(source, name, arch, opts, key_opts)
+
+    data, from_cache = get_or_build(path, build, looks_like_elf,
                                     force=not use_cache)
     return Cubin(name, arch, data, path, from_cache)
 
@@ -105,6 +157,7 @@ def compile_source(
 def _compile(source: str, name: str, arch: str, opts: list[str], key_opts: list[str]) -> bytes:
     """One NVRTC compilation to a cubin (no cache)."""
     t0 = time.perf_counter()
+    nvrtc = _nvrtc()
     prog = _check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
     try:
         encoded = [o.encode() for o in opts]

@@ -20,10 +20,11 @@ from cutlass_ops.quantize_model import (
 )
 from cutlass_ops.serialization import load_quantized_state, save_quantized
 from cutlass_ops.importers.load import LoadSummary, load_quantized
+from cutlass_ops.warmup import warmup
 
 __all__ = [
     "QuantizedWeight", "quantize_weight", "quantize_conv_weight", "quantize_activation", "linear",
     "conv2d", "linear_w8a8", "int8_gemm", "int8_gemm_requant", "W8A8_PATHS", "formats", "reference",
     "nn", "quantize_", "WeightOnlyConfig", "W8A8BlockConfig", "W8A8ChannelConfig", "QuantizeSummary",
-    "save_quantized", "load_quantized_state", "load_quantized", "LoadSummary",
+    "save_quantized", "load_quantized_state", "load_quantized", "LoadSummary", "warmup",
 ]

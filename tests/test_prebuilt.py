@@ -4,7 +4,8 @@ An NVRTC cubin placed in ``$CUTLASS_OPS_PREBUILT_DIR`` (same relative path and k
 cache) is returned without compiling (no ``built`` record on the ``custom_kernels.cache`` logger)
 and without writing the user cache; a shipped cubin with a flipped byte, or without its sha256
 sidecar, is ignored with a warning and the kernel compiled into the user cache; nothing in the
-prebuilt tree is ever created, changed or removed. A shipped CUTLASS kernel directory is found by
+prebuilt tree is ever created, changed or removed; finding a shipped cubin searches no toolkit
+(its include directories matter only to compile). A shipped CUTLASS kernel directory is found by
 ``lookup`` in a process where ``cutlass_cppgen`` cannot be imported, and a kernel that must be
 emitted there fails with an error naming the ``cutlass`` extra.
 """
@@ -65,6 +66,31 @@ def test_shipped_cubin_is_loaded_without_compiling(shipped, caplog):
     assert not any("not in the shipped kernels" in r.getMessage() for r in caplog.records)
     assert not list((cache.cache_root() / "nvrtc").glob("*.cubin"))  # the user cache was not filled
     assert snapshot(prebuilt) == before
+
+
+SHIPPED_IN_A_BARE_PROCESS = r"""
+import json, sys
+import torch
+spawned = []
+sys.addaudithook(lambda event, args: spawned.append(" ".join(map(str, args[1]))) if event == "subprocess.Popen" else None)
+from custom_kernels import cuda_paths, nvrtc
+cubin = nvrtc.compile_source(sys.argv[1], 80, name="shipped.cu")
+print(json.dumps({"hit": cubin.from_cache, "toolkit_searched": cuda_paths.cuda_include_dirs.cache_info().misses,
+                  "spawned": spawned}))
+"""
+
+
+def test_a_shipped_cubin_is_loaded_without_searching_the_toolkit(shipped, tmp_path):
+    """The include directories matter only to compile: a shipped cubin is found without them (no
+    cuda-pathfinder search, which starts a probe process where no toolkit is on PATH)."""
+    (tmp_path / "bin").mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH")}
+    env.update(PATH=str(tmp_path / "bin"), PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", SHIPPED_IN_A_BARE_PROCESS, SOURCE], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["hit"] and out["toolkit_searched"] == 0 and not out["spawned"], out
 
 
 @pytest.mark.parametrize("damage", ["flipped byte", "no sidecar"])

@@ -265,3 +265,22 @@ def test_lora_in_front_of_w4a16_learns():
         losses.append(float(loss))
     assert losses[-1] < 0.9 * losses[0], losses
     assert base.qweight.grad is None and base.scale.grad is None
+
+
+def test_warmup_then_graph_capture_without_an_eager_call():
+    """After cutlass_ops.warmup the first real use can be a CUDA-graph capture (no plan left to build)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.SiLU(), torch.nn.Linear(512, 128)).half().cuda()
+    cutlass_ops.quantize_(model, cutlass_ops.WeightOnlyConfig(bits=4, block_size=128))
+    assert cutlass_ops.warmup(model, batch_sizes=(1, 16)) == 4
+    for M in (1, 16):
+        x = torch.randn(M, 256, dtype=torch.float16, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            y = model(x)
+        x.copy_(torch.randn(M, 256, dtype=torch.float16, device="cuda"))
+        graph.replay()
+        with torch.no_grad():
+            expected = model(x)
+        torch.cuda.synchronize()
+        assert torch.equal(y, expected)
