@@ -1,6 +1,7 @@
 """The ``cutlass-ops`` command: what this installation has, and ahead-of-time kernel builds.
 
-    cutlass-ops info                      GPU, driver, versions, what is shipped and what is cached
+    cutlass-ops info                      GPU, driver, versions, what is shipped and what is cached, and
+                                          which C++ launch path int8_gemm would use
     cutlass-ops build --arch 90 -j 2      emit and compile the configured CUTLASS kernels into the cache
 
 ``build`` is ``scripts/build_kernels.py`` (which calls :func:`run_build`); it needs the ``cutlass``
@@ -92,6 +93,12 @@ def info() -> list[tuple[str, str]]:
     rows.append(("cache", f"{root} ({count_entries(root)})" if root.is_dir() else f"{root} (empty)"))
     shipped = cache.prebuilt_root()
     rows.append(("prebuilt", f"{shipped} ({count_entries(shipped)})"))
+    try:
+        from custom_kernels import host_ext
+
+        rows.append(("C++ launch path", host_ext.describe()))
+    except Exception as exc:  # noqa: BLE001
+        rows.append(("C++ launch path", f"unknown ({type(exc).__name__}: {exc})"))
     return rows
 
 

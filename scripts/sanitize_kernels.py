@@ -8,7 +8,7 @@ tests use to force a strategy or a kernel variant: ``strategy=``, ``config=``, `
 line of the case that caused it. It prints ``OK <case>`` (or ``FAIL`` / ``SKIP``) per case and a
 summary, and exits 1 if a case raised. No CUTLASS kernel is built or launched (``int8_gemm``, and the
 W8A8 "orchestrator" and "literal" paths, which run CUTLASS GEMMs, are left out); the fused scheme-2
-kernel is NVRTC and is in. All 86 ``extern "C" __global__`` kernels of custom_kernels/kernels/*.cu
+kernel is NVRTC and is in. All 90 ``extern "C" __global__`` kernels of custom_kernels/kernels/*.cu
 are reached (``--check-coverage``).
 
 On the GPU machine, compile first (NVRTC; gemv_mma.cu / gemv_stream.cu take about a minute per module, so
@@ -17,9 +17,12 @@ kernels (torch's and cuBLAS's are not; the filters match substrings of the unman
 names, and several --kernel-name filters add up):
 
     python3 scripts/sanitize_kernels.py --build-only -j 16    # fills the cubin cache, launches nothing
+    python3 scripts/sanitize_kernels.py --build-only --default-variants -j 16
+                                              # + every default variant: what scripts/build_wheel.py ships
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --report-api-errors no \
         --destroy-on-device-error kernel --error-exitcode 99 \
         --kernel-name kns=gemv_ --kernel-name kns=gemm_mma_mt --kernel-name kns=gemm_simt \
+        --kernel-name kns=gemm_small_m \
         --kernel-name kns=conv_ --kernel-name kns=splitk_reduce --kernel-name kns=gather_k --kernel-name kns=dequant_ \
         --kernel-name kns=quantize_q8_1 --kernel-name kns=test_int --kernel-name kns=test_uint \
         --kernel-name kns=quant_a_ --kernel-name kns=precompute_sum_bq --kernel-name kns=bias_act_ \
@@ -52,9 +55,13 @@ keeps the cases whose name contains it, ``--family NAME`` (repeatable) keeps one
 file stem, or an alias: gemv, gemm, dequant, dp4a, converters, conv, quant, scheme2, w8a8),
 ``--check-coverage`` (no GPU) checks that the cases reach every ``extern "C" __global__`` kernel of
 the sources and that the filters match them all, ``--build-only --arch 90a`` compiles without a GPU
-and checks each claimed kernel is in its cubin, ``--tunables`` adds the gemv kernel variants of
-weight_only.GemvMmaConfig / StreamConfig (where they exist), ``--strict`` fails a case that did not
-launch every kernel it claims (launches are traced at run time), ``-v`` prints them.
+the modules of the selected cases that can run on that arch and checks each claimed kernel is in its
+cubin (``--default-variants`` adds every module the default dispatch of the public ops can load there,
+``cutlass_ops.default_variants``: the cases force strategies and configs for coverage, they are not
+that set; the union, less the converters self-test, is what ``scripts/build_wheel.py`` ships),
+``--tunables`` adds the gemv kernel variants of weight_only.GemvMmaConfig / StreamConfig (where they
+exist), ``--strict`` fails a case that did not launch every kernel it claims (launches are traced at
+run time), ``-v`` prints them.
 """
 from __future__ import annotations
 
@@ -84,17 +91,19 @@ import torch  # noqa: E402
 # case table
 # ---------------------------------------------------------------------------------------------
 
-FAMILIES = ("gemv_mma", "gemv_stream", "gemv_simt", "gemm_mma", "gemm_simt", "dequant_weight", "gemv_dp4a",
+FAMILIES = ("gemv_mma", "gemv_stream", "gemv_simt", "gemm_mma", "gemm_simt", "gemm_small_m", "dequant_weight",
+            "gemv_dp4a",
             "converters_test",
             "conv", "quant_a", "scheme2_epilogue", "w8a8_kblock_fused", "w8a8_kblock_wgmma")
-ALIASES = {"gemv": ("gemv_mma", "gemv_stream", "gemv_simt"), "gemm": ("gemm_mma", "gemm_simt"), "dequant": "dequant_weight",
+ALIASES = {"gemv": ("gemv_mma", "gemv_stream", "gemv_simt"), "gemm": ("gemm_mma", "gemm_simt", "gemm_small_m"),
+           "dequant": "dequant_weight",
            "dp4a": "gemv_dp4a", "converters": "converters_test",
            "quant": "quant_a", "scheme2": "scheme2_epilogue", "w8a8": "w8a8_kblock_fused",
            "wgmma": "w8a8_kblock_wgmma"}
 
 # Substrings (compute-sanitizer kns= filters) that together match every project kernel and, as far
 # as we know, no torch / cuBLAS kernel; --check-coverage checks the first half of that claim.
-SANITIZER_PREFIXES = ("gemv_", "gemm_mma_mt", "gemm_simt", "conv_", "splitk_reduce", "gather_k", "dequant_", "quantize_q8_1",
+SANITIZER_PREFIXES = ("gemv_", "gemm_mma_mt", "gemm_simt", "gemm_small_m", "conv_", "splitk_reduce", "gather_k", "dequant_", "quantize_q8_1",
                       "test_int", "test_uint", "quant_a_", "precompute_sum_bq", "bias_act_", "w8a8_kblock_gemm",
                       "w8a8_kblock_wgmma", "w8a8_row_planes")
 
@@ -174,12 +183,21 @@ def _vector(N: int, dtype, seed: int = 1) -> torch.Tensor:
 #    gemv_dp4a.cu)
 
 def _wo_defines(dtype, bits: int, config=None) -> dict:
+    from cutlass_ops.weight_only.shared import wo_defines
+
+    return wo_defines(dtype, bits, config)
+
+
+def _wo_module_defines(family: str, strategy: str | None, dtype, bits: int, M: int, config, perm: bool) -> dict:
+    """{source file: defines} of the modules the case's plan loads, from the plan class's own ``kernels``
+    (so the default variant of a strategy, e.g. gemv_mma's small-M int4 config, is the one claimed)."""
     from cutlass_ops import weight_only as wo
 
-    d = {"WO_ELEMENT": wo.ELEMENT[dtype], "WO_BITS": bits}
-    if config is not None and hasattr(config, "defines"):
-        d.update(config.defines())
-    return d
+    plan = wo.plan_class(strategy or {"dequant_weight": "dequant_cublas"}.get(family, family), 90, perm, True)
+    found: dict[str, dict] = {}
+    for file, _, defines in plan.kernels(M, dtype, bits, config):
+        found.setdefault(file, defines)
+    return found
 
 
 def _wo_case(family: str, strategy: str | None, dtype, bits: int, M: int, N: int, K: int, block_size: int | None,
@@ -192,13 +210,8 @@ def _wo_case(family: str, strategy: str | None, dtype, bits: int, M: int, N: int
     label = strategy or "default"
     name = (f"{label}/{_DT_NAME[dtype]}-int{bits}-M{M}-N{N}-K{K}-g{bs}"
             + (f"-{tag}" if tag else ""))
-    refs = []
-    for file, kname in names:
-        defines = ({"WO_ELEMENT": _wo_defines(dtype, bits)["WO_ELEMENT"]} if file in ("gemv_dp4a.cu", "splitk_reduce.cu")
-                   else {} if file == "gather_k.cu" else _wo_defines(dtype, bits, config))
-        if perm and file == "gemv_mma.cu":
-            defines = {**defines, "WO_PDL_WAIT": 1}
-        refs.append(_ref(file, kname, defines))
+    module_defines = _wo_module_defines(family, strategy, dtype, bits, M, config, perm)
+    refs = [_ref(file, kname, module_defines[file]) for file, kname in names]
 
     def run():
         from cutlass_ops import weight_only as wo
@@ -230,6 +243,38 @@ def _wo_case(family: str, strategy: str | None, dtype, bits: int, M: int, N: int
 
 def _gemv_mma_tile(M: int) -> int:
     return next(mt for mt in (1, 2, 4, 8) if M <= 8 * mt)
+
+
+def _small_m_cases(wo) -> None:
+    """gemm_small_m (fp16/bf16, sm_80+): every M tile count, split-K and not, block 32/64/128/per-channel,
+    K tails inside a trip and a stage, N tails inside a warp's rows and past whole warps; the variants of
+    GemmSmallMConfig (row tiles, warps, stages) with --tunables."""
+    Config = getattr(wo, "GemmSmallMConfig", None)
+    if Config is None:
+        return
+    SM, R = "gemm_small_m.cu", "splitk_reduce.cu"
+    mt = lambda M: next(t for t in (1, 2, 4, 8) if M <= 8 * t)  # noqa: E731
+    one = Config(splits=1)
+    for dtype in (torch.float16, torch.bfloat16):
+        for bits in (4, 8):
+            # (M, N, K, block, config, tag): K = 992 / 4160 / 4224 end inside a trip / a stage; N = 4097 ends
+            # inside a warp's rows, N = 259 leaves most warps of its block without rows; default splits (None)
+            # split K wherever N / 256 leaves SMs idle (every shape here on a GPU with >= 17 SMs).
+            for M, N, K, bs, cfg, tag in ((1, 4097, 992, 32, one, "nosplit"), (13, 259, 4160, 64, None, "splitk"),
+                                          (33, 4097, 4224, 128, one, "nosplit"), (64, 515, 4160, None, None, "splitk"),
+                                          (7, 48, 1056, 32, None, "splitk"), (17, 16, 96, 32, one, "tiny-k")):
+                names = [(SM, f"gemm_small_m_mt{mt(M)}")] + ([(R, "splitk_reduce")] if cfg is None else [])
+                _wo_case("gemm_small_m", "gemm_small_m", dtype, bits, M, N, K, bs, names, tag=tag, config=cfg,
+                         min_cc=80, act=M % 3, bias=M != 13)
+    for i, kwargs in enumerate(({"row_tiles": 1, "warps": 4, "stages": 2}, {"row_tiles": 4, "warps": 4},
+                                {"stages": 4, "splits": 3}, {"row_tiles": 1, "stages": 4, "splits": 1})):
+        cfg = Config(**kwargs)
+        dtype, bits = ((torch.float16, 4), (torch.bfloat16, 8))[i % 2]
+        M = 32 if cfg.row_tiles == 4 else (9, 64)[i % 2]
+        tag = "cfg-" + "-".join(f"{k}{v}" for k, v in kwargs.items())
+        names = [(SM, f"gemm_small_m_mt{mt(M)}")] + ([(R, "splitk_reduce")] if cfg.splits != 1 else [])
+        _wo_case("gemm_small_m", "gemm_small_m", dtype, bits, M, 1031, 4160, 64, names, tag=tag, config=cfg,
+                 min_cc=80, optional=True)
 
 
 def _build_weight_only_cases() -> None:
@@ -334,6 +379,8 @@ def _build_weight_only_cases() -> None:
         _wo_case("gemv_mma", "gemv_mma", torch.float16, 4, M, N, 4160, 64,
                  [("gather_k.cu", "gather_k"), (GM, f"gemv_mma_mt{_gemv_mma_tile(M)}")]
                  + ([(R, "splitk_reduce")] if N < 1000 else []), tag="act-order", min_cc=90, perm=True)
+
+    _small_m_cases(wo)
 
     # gemm_mma (fp16/bf16, sm_80+): both CTA tiles (GemmConfig 64 / 128), ragged N and K, the
     # division path (block 48), per-channel.
@@ -454,15 +501,18 @@ class ConvShape:
     padding: tuple[int, int]
     dilation: tuple[int, int]
     block_size: int
+    groups: int = 1  # the weight is [Co, Ci / groups, kh, kw]
 
     def tag(self) -> str:
         s = lambda p: f"{p[0]}" if p[0] == p[1] else f"{p[0]}x{p[1]}"  # noqa: E731
         return (f"b{self.batch}-ci{self.Ci}-{self.H}x{self.W}-co{self.Co}-k{self.kh}x{self.kw}-s{s(self.stride)}"
-                f"-p{s(self.padding)}-d{s(self.dilation)}-g{self.block_size}")
+                f"-p{s(self.padding)}-d{s(self.dilation)}-g{self.block_size}"
+                + (f"-groups{self.groups}" if self.groups != 1 else ""))
 
 
 @functools.lru_cache(maxsize=None)
 def _conv_weight(Co: int, Ci: int, kh: int, kw: int, bits: int, block_size: int):
+    """A quantized [Co, Ci, kh, kw] weight (Ci: per group) on the GPU."""
     from cutlass_ops.formats import quantize_conv_weight
 
     g = torch.Generator().manual_seed(Co * 7 + Ci + kh * 3 + kw + bits)
@@ -473,18 +523,18 @@ def _conv_weight(Co: int, Ci: int, kh: int, kw: int, bits: int, block_size: int)
 def _conv_case(strategy: str, dtype, bits: int, channels_last: bool, shape: ConvShape, names: list[str], *,
                split_k: int | None = None, act: int = 1, bias: bool = True, public: bool = False,
                min_cc: int = 0) -> None:
-    from cutlass_ops.conv.geometry import DTYPE_CODES
+    from cutlass_ops.conv.geometry import conv_defines
 
     layout = "nhwc" if channels_last else "nchw"
     name = (f"conv_{strategy}/{_DT_NAME[dtype]}-w{bits}-{layout}-{shape.tag()}"
             + (f"-splitk{split_k}" if split_k else "") + ("-public" if public else ""))
-    defines = {"CUOPS_CONV_T": DTYPE_CODES[dtype][0], "CUOPS_CONV_BITS": bits}
+    defines = conv_defines(dtype, bits)
     refs = [_ref("conv_direct.cu" if n.startswith("conv_direct_") else "conv_igemm.cu", n, defines) for n in names]
 
     def run():
         from cutlass_ops.conv import conv2d_weight_only
 
-        qw = _conv_weight(shape.Co, shape.Ci, shape.kh, shape.kw, bits, shape.block_size)
+        qw = _conv_weight(shape.Co, shape.Ci // shape.groups, shape.kh, shape.kw, bits, shape.block_size)
         g = torch.Generator().manual_seed(shape.H * 31 + shape.W)
         x = torch.randn(shape.batch, shape.Ci, shape.H, shape.W, generator=g).to(dtype).to(_cuda())
         if channels_last:
@@ -494,9 +544,9 @@ def _conv_case(strategy: str, dtype, bits: int, channels_last: bool, shape: Conv
             import cutlass_ops
 
             return cutlass_ops.conv2d(x, qw, b, shape.stride, shape.padding, shape.dilation,
-                                      (None, "relu", "relu6")[act])
-        return conv2d_weight_only(x, qw, b, shape.stride, shape.padding, shape.dilation, act, strategy=strategy,
-                                  split_k=split_k)
+                                      (None, "relu", "relu6")[act], shape.groups)
+        return conv2d_weight_only(x, qw, b, shape.stride, shape.padding, shape.dilation, act, shape.groups,
+                                  strategy=strategy, split_k=split_k)
 
     _add(name, "conv", refs, run, min_cc)
 
@@ -538,6 +588,26 @@ def _build_conv_cases() -> None:
             names.append(f"conv_splitk_reduce_{tag}_{layout}")
         _conv_case("igemm", dtype, bits, channels_last, igemm_shapes[s], names, split_k=split_k, act=j % 3,
                    bias=j != 5, min_cc=80)
+    # groups: depthwise and grouped direct, the int4 stem (K = 147, rows padded to 152 nibbles), and a
+    # grouped igemm (Ci/groups = 64, Co/groups = 64) with and without a K split
+    grouped = (
+        ("direct", torch.float16, 4, True, ConvShape(2, 24, 9, 9, 24, 3, 3, (2, 2), (1, 1), (1, 1), 9, 24), None),
+        ("direct", torch.bfloat16, 8, False, ConvShape(1, 24, 8, 7, 48, 5, 5, (1, 1), (2, 2), (1, 1), 25, 24), None),
+        ("direct", torch.float32, 4, False, ConvShape(2, 48, 7, 6, 20, 3, 3, (1, 1), (1, 1), (2, 2), 24, 2), None),
+        ("direct", torch.float16, 4, False, ConvShape(1, 3, 21, 19, 16, 7, 7, (2, 2), (3, 3), (1, 1), 3), None),
+        ("direct", torch.bfloat16, 4, True, ConvShape(2, 3, 17, 18, 8, 7, 7, (2, 2), (3, 3), (1, 1), 21), None),
+        ("igemm", torch.float16, 4, True, ConvShape(2, 128, 6, 6, 128, 3, 3, (1, 1), (1, 1), (1, 1), 64, 2), 1),
+        ("igemm", torch.bfloat16, 8, False, ConvShape(1, 256, 5, 5, 256, 3, 3, (1, 1), (1, 1), (1, 1), 192, 4), 3),
+    )
+    for j, (strategy, dtype, bits, channels_last, shape, split_k) in enumerate(grouped):
+        tag, layout = _DT_NAME[dtype], ("nhwc" if channels_last else "nchw")
+        names = [f"conv_{strategy}_{tag}_w{bits}_{layout}"]
+        if strategy == "igemm" and not channels_last:
+            names.append("conv_nchw_to_nhwc_b16")
+        if split_k and split_k > 1:
+            names.append(f"conv_splitk_reduce_{tag}_{layout}")
+        _conv_case(strategy, dtype, bits, channels_last, shape, names, split_k=split_k, act=j % 3,
+                   min_cc=80 if strategy == "igemm" else 0)
     # public API, auto strategy: deep K and few pixels (igemm, split along K by the heuristic)
     _conv_case("auto", torch.float16, 4, True, ConvShape(1, 512, 7, 7, 64, 3, 3, (1, 1), (1, 1), (1, 1), 128),
                ["conv_igemm_f16_w4_nhwc"], public=True, min_cc=80)
@@ -805,14 +875,63 @@ def check_coverage(cases: list[Case]) -> int:
 # ahead-of-time compilation (no GPU needed with --arch)
 # ---------------------------------------------------------------------------------------------
 
-def build_modules(cases: list[Case], arch: str, jobs: int) -> int:
-    """Compile every (file, defines) module the cases use and check each claimed kernel is in it."""
-    from custom_kernels.nvrtc import compile_file
+Modules = dict[tuple[str, tuple], set[str]]  # {(source file, sorted defines): kernel names it must hold}
 
-    modules: dict[tuple[str, tuple], set[str]] = {}
+
+def case_modules(cases: list[Case]) -> Modules:
+    """The (file, defines) modules the cases use, with the kernels they claim from each."""
+    modules: Modules = {}
     for c in cases:
         for r in c.refs:
             modules.setdefault((r.file, r.defines), set()).add(r.name)
+    return modules
+
+
+def runnable(cases: list[Case], arch: str) -> list[Case]:
+    """The cases a GPU of NVRTC target ``arch`` can run (the others' modules would never be loaded there)."""
+    from cutlass_ops.default_variants import target_cc
+
+    return [c for c in cases if c.min_cc <= target_cc(arch)]
+
+
+def family_names(families: list[str] | None) -> set[str] | None:
+    """The families ``--family`` names (aliases expanded); None for all."""
+    if not families:
+        return None
+    wanted: set[str] = set()
+    for f in families:  # an alias names one family or several
+        alias = ALIASES.get(f, f)
+        wanted.update((alias,) if isinstance(alias, str) else alias)
+    return wanted
+
+
+def default_variant_modules(arch: str, families: list[str] | None = None) -> Modules:
+    """The modules the default dispatch of the public ops can load on NVRTC target ``arch``
+    (``cutlass_ops.default_variants``), only those of ``families`` (names or aliases) when given: what
+    the sanitizer cases (which force strategies and configs) do not necessarily name."""
+    from cutlass_ops.default_variants import default_modules
+
+    return default_modules(arch, family_names(families))
+
+
+def merge_modules(*parts: Modules) -> Modules:
+    merged: Modules = {}
+    for part in parts:
+        for key, names in part.items():
+            merged.setdefault(key, set()).update(names)
+    return merged
+
+
+def build_modules(cases: list[Case], arch: str, jobs: int, extra: Modules | None = None) -> int:
+    """Compile every (file, defines) module the cases use (and the ``extra`` ones) and check each claimed
+    kernel is in its cubin."""
+    return compile_modules(merge_modules(case_modules(cases), extra or {}), arch, jobs)
+
+
+def compile_modules(modules: Modules, arch: str, jobs: int) -> int:
+    """Compile (or find in the cache) every module and check each named kernel is in its cubin; 1 on any failure."""
+    from custom_kernels.nvrtc import compile_file
+
     print(f"compiling {len(modules)} NVRTC modules for sm_{arch} with {jobs} threads "
           f"(cache: {os.environ.get('CUTLASS_OPS_CACHE_DIR', 'user cache')})", flush=True)
 
@@ -822,7 +941,8 @@ def build_modules(cases: list[Case], arch: str, jobs: int) -> int:
         cubin = compile_file(file, arch, defines=dict(defines))
         return key, cubin, time.perf_counter() - t0
 
-    failures = 0
+    failures = cached = 0
+    t_start = time.perf_counter()
     with ThreadPoolExecutor(max(1, jobs)) as pool:
         slow_first = ("gemv_mma.cu", "gemv_stream.cu")  # the longest NVRTC compiles
         futures = [pool.submit(one, key) for key in sorted(modules, key=lambda k: (k[0] not in slow_first, k))]
@@ -839,9 +959,11 @@ def build_modules(cases: list[Case], arch: str, jobs: int) -> int:
                 failures += 1
                 print(f"FAIL {label}: kernels not in the cubin: {absent}")
             else:
+                cached += cubin.from_cache
                 print(f"built {label} ({'cache' if cubin.from_cache else f'{seconds:.1f} s'}, "
                       f"{len(modules[(file, defines)])} kernels present)", flush=True)
-    print(f"{len(modules) - failures} of {len(modules)} modules ok")
+    print(f"{len(modules) - failures} of {len(modules)} modules ok ({cached} from the cache, "
+          f"{len(modules) - failures - cached} compiled in {time.perf_counter() - t_start:.1f} s)")
     return 1 if failures else 0
 
 
@@ -933,11 +1055,8 @@ def select(cases: list[Case], keywords: list[str] | None, families: list[str] | 
         cases = [c for c in cases if not c.optional]
     if not plant_oob:
         cases = [c for c in cases if not c.selftest]
-    if families:
-        wanted = set()
-        for f in families:  # an alias names one family or several
-            alias = ALIASES.get(f, f)
-            wanted.update((alias,) if isinstance(alias, str) else alias)
+    wanted = family_names(families)
+    if wanted is not None:
         cases = [c for c in cases if c.family in wanted]
     if keywords:
         cases = [c for c in cases if any(k in c.name for k in keywords)]
@@ -1043,6 +1162,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build-only", action="store_true",
                         help="compile the selected cases' NVRTC modules (and check each claimed kernel is in its "
                              "cubin), no launch; without a GPU give --arch")
+    parser.add_argument("--default-variants", action="store_true",
+                        help="with --build-only: also every module the default dispatch of the public ops can load "
+                             "(cutlass_ops.default_variants; of the --family families when given): with the cases' "
+                             "modules, what scripts/build_wheel.py ships")
     parser.add_argument("--arch", help="NVRTC target for --build-only (default: the GPU's, e.g. 90a)")
     parser.add_argument("-j", "--jobs", type=int, default=max(1, min(16, os.cpu_count() or 1)),
                         help="compile threads for --build-only")
@@ -1062,6 +1185,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep torch's caching allocator (default: PYTORCH_NO_CUDA_MEMORY_CACHING=1)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print the kernels each case launched")
     args = parser.parse_args(argv)
+    if args.default_variants and not args.build_only:
+        parser.error("--default-variants needs --build-only")
 
     all_cases = build_cases()
     if args.check_coverage:  # the default selection (no --tunables, no --plant-oob) must reach everything
@@ -1095,7 +1220,8 @@ def main(argv: list[str] | None = None) -> int:
             from custom_kernels import nvrtc
 
             nvrtc.BASE_OPTIONS = tuple(nvrtc.BASE_OPTIONS) + ("-lineinfo",)
-        return build_modules(cases, arch, args.jobs)
+        extra = default_variant_modules(arch, args.family) if args.default_variants else None
+        return build_modules(runnable(cases, arch), arch, args.jobs, extra)
     print(f"suggested: {sanitizer_command(cases, args.tool)}", flush=True)
     if not torch.cuda.is_available():
         print("no CUDA GPU: nothing to launch (--list, --check-coverage and --build-only --arch work without one)",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 KEYS = ("cutlass-ops", "python", "torch", "torch CUDA", "driver", "GPUs", "nvrtc", "cuda-bindings",
-        "nvidia-cutlass", "nvcc", "cache", "prebuilt")
+        "nvidia-cutlass", "nvcc", "cache", "prebuilt", "C++ launch path")
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -27,7 +27,7 @@ from .tma import tensor_map_2d
 
 __all__ = [
     "FusedArgs", "FusedTmaArgs", "RowPlanesArgs", "FusedPlan", "prepare_weight_w8a8", "quantize_activation_torch",
-    "linear_w8a8_fused", "fused_linear", "OUT_KIND",
+    "linear_w8a8_fused", "fused_linear", "OUT_KIND", "config_problem",
 ]
 
 OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -114,22 +114,39 @@ def _column_planes(prep: dict) -> torch.Tensor:
     return planes
 
 
+def config_problem(cfg: TileConfig, block_size: int, arch: str, device: str = "the device") -> str | None:
+    """Why :class:`FusedPlan` refuses variant ``cfg`` at ``block_size`` on NVRTC target ``arch`` (None: it
+    builds). Pure: no GPU."""
+    if cfg.wgmma and arch != "90a":
+        return f"config {cfg.name!r} is the wgmma kernel, which needs compute capability 9.0; {device} is sm_{arch}"
+    smem = cfg.smem_bytes(block_size)
+    if smem > _MAX_SMEM:
+        return (f"config {cfg.name!r} needs {smem} bytes of shared memory at block_size={block_size}; "
+                f"the limit is {_MAX_SMEM}: use a variant with fewer stages")
+    return None
+
+
 class FusedPlan:
     """The fused kernel of one tile variant for one weight on one device: the prepared weight, the
     compiled kernel with its weight fields (B, bvec, N, K, G, B's tensor map) written once, and a
     launch per grid. ``plan(A_q, sA, oA, sumA, bias, D, act)``; the planar variants take the row
     planes [G, 3, Mp] as sA = oA = sumA."""
 
+    @staticmethod
+    def kernels(cfg: TileConfig, block_size: int) -> tuple:
+        """(source, kernel, defines) of every kernel the plan may load: the GEMM and, planar variants, the
+        row-parameter transpose (same module; used when the caller passes quantized_A)."""
+        defines = cfg.defines(block_size)
+        return ((cfg.kernel_file, cfg.kernel_name, defines),
+                *(((cfg.kernel_file, ROW_PLANES_KERNEL, dict(defines)),) if cfg.planes else ()))
+
     def __init__(self, qw, cfg: TileConfig, device: int):
         arch = target_arch(device)
-        if cfg.wgmma and arch != "90a":
-            raise ValueError(f"config {cfg.name!r} is the wgmma kernel, which needs compute capability 9.0; "
-                             f"device {device} is sm_{arch}")
         bs = qw.block_size
+        problem = config_problem(cfg, bs, arch, f"device {device}")
+        if problem is not None:
+            raise ValueError(problem)
         smem = cfg.smem_bytes(bs)
-        if smem > _MAX_SMEM:
-            raise ValueError(f"config {cfg.name!r} needs {smem} bytes of shared memory at block_size={bs}; "
-                             f"the limit is {_MAX_SMEM}: use a variant with fewer stages")
         self.cfg, self.device = cfg, device
         self.prep = prep = prepare_weight_w8a8(qw, torch.device("cuda", device))
         self.N, self.K, self.G = prep["N"], prep["K"], prep["G"]

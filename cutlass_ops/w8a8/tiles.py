@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "BLOCK_SIZES", "KERNEL_FILE", "KERNEL_NAME", "WGMMA_KERNEL_FILE", "WGMMA_KERNEL_NAME", "ROW_PLANES_KERNEL",
-    "WGMMA_CC", "WP_MIN_M", "TileConfig", "TILE_CONFIGS", "choose_config",
+    "WGMMA_CC", "WP_MIN_M", "TileConfig", "TILE_CONFIGS", "choose_config", "default_configs",
 ]
 
 KERNEL_FILE = "w8a8_kblock_fused.cu"
@@ -139,3 +139,9 @@ def choose_config(M: int, N: int, cc: int = 80) -> str:
     if M <= 32:
         return "S"
     return "M"
+
+
+def default_configs(cc: int = 80, N: int = 8192) -> tuple[str, ...]:
+    """Every variant :func:`choose_config` picks for some M on sm_``cc`` (it is the same for every M from
+    ``WP_MIN_M`` on), in order of first use."""
+    return tuple(dict.fromkeys(choose_config(M, N, cc) for M in range(1, WP_MIN_M + 2)))
