@@ -8,10 +8,12 @@ import torch
 
 from .variants import chunk_elems
 
-__all__ = ["STRATEGIES", "GEMV_MMA_MAX_M", "DEQUANT_CUBLAS_MIN_M", "SMALL_M_GEMV", "GEMM_SMALL_M_DEFAULT",
-           "GEMM_SMALL_M_MIN_M", "GEMM_SMALL_M_WIDE_MIN_M", "GEMM_SMALL_M_NARROW_N",
-           "GEMM_SMALL_M_INT8_MIN_M", "strategy_problem", "candidate_strategies", "candidates_constant_from",
-           "choose_strategy", "dequant_problem"]
+__all__ = [
+    "STRATEGIES", "GEMV_MMA_MAX_M", "DEQUANT_CUBLAS_MIN_M", "SMALL_M_GEMV", "GEMM_SMALL_M_DEFAULT",
+    "GEMM_SMALL_M_MIN_M", "GEMM_SMALL_M_WIDE_MIN_M", "GEMM_SMALL_M_NARROW_N", "GEMM_SMALL_M_INT8_MIN_M",
+    "strategy_problem", "candidate_strategies", "candidates_constant_from", "choose_strategy",
+    "dequant_problem"
+]
 
 # Every strategy name (benchmarks and tests iterate over this).
 STRATEGIES = ("gemv_mma", "gemm_small_m", "gemv_stream", "gemv_simt", "gemv_dp4a", "gemm_mma", "dequant_cublas",
