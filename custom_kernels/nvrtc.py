@@ -60,6 +60,8 @@ def _check(result, what: str):
 
 
 VERSION_STAMP = "version.json"  # in cache_dir("nvrtc"): NVRTC's version and the library it came from
+# The same name in the prebuilt tree's nvrtc/: the NVRTC the shipped cubins were built with, and the pip
+# distribution that held it (scripts/build_wheel.py writes it with :func:`shipped_version_record`).
 
 
 def _environment() -> list[str]:
@@ -84,7 +86,10 @@ def nvrtc_version() -> tuple[int, int]:
         if record["stat"] == [st.st_size, st.st_mtime_ns] and record["environment"] == _environment():
             return tuple(record["version"])  # type: ignore[return-value]
     except (OSError, ValueError, KeyError, TypeError):
-        pass  # no stamp yet, or stale: ask NVRTC
+        pass  # no stamp yet, or stale
+    shipped = _shipped_version()
+    if shipped is not None:  # a fresh cache beside a wheel's kernels: no NVRTC load, no stamp to write
+        return shipped
     version = tuple(_check(_nvrtc().nvrtcVersion(), "nvrtcVersion"))
     try:
         from cuda.pathfinder import load_nvidia_dynamic_lib
@@ -98,6 +103,47 @@ def nvrtc_version() -> tuple[int, int]:
     except Exception as exc:  # noqa: BLE001  (the stamp only saves time: never fail a compile over it)
         log.debug("NVRTC version stamp not written: %s", exc)
     return version  # type: ignore[return-value]
+
+
+def _shipped_version() -> tuple[int, int] | None:
+    """The shipped cubins' NVRTC version, if the pip distribution that held that NVRTC is installed here at
+    the same version (cuda.pathfinder looks in site-packages first, so that is the libnvrtc it would load):
+    a metadata lookup instead of importing cuda.pathfinder and loading the library."""
+    import importlib.metadata
+
+    from .cache import prebuilt_root
+
+    try:
+        record = json.loads((prebuilt_root() / "nvrtc" / VERSION_STAMP).read_text())
+        dist = record["distribution"]
+        if dist and importlib.metadata.version(dist["name"]) == dist["version"]:
+            return tuple(record["version"])  # type: ignore[return-value]
+    except (OSError, ValueError, KeyError, TypeError, importlib.metadata.PackageNotFoundError):
+        pass
+    return None
+
+
+def nvrtc_distribution() -> dict[str, str] | None:
+    """{"name", "version"} of the pip distribution whose libnvrtc cuda.bindings loaded, or None (a toolkit's)."""
+    import importlib.metadata
+
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    _nvrtc().nvrtcVersion()  # loads the library (cuda.bindings finds it through cuda.pathfinder)
+    library = os.path.realpath(load_nvidia_dynamic_lib("nvrtc").abs_path)
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata["Name"] or ""
+        if "nvrtc" not in name.lower():
+            continue
+        for f in dist.files or ():
+            if f.name == os.path.basename(library) and os.path.realpath(dist.locate_file(f)) == library:
+                return {"name": name, "version": dist.version}
+    return None
+
+
+def shipped_version_record() -> dict:
+    """What the prebuilt tree records next to its cubins: this NVRTC's version and pip distribution."""
+    return {"version": list(nvrtc_version()), "distribution": nvrtc_distribution()}
 
 
 def normalize_arch(arch: int | str) -> str:

@@ -214,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.cutlass:
                 kernels = {**extra_kernels, **kernels}
         n_cubins, missing = collect(roots, prebuilt, list(dict.fromkeys(cubins)), kernels)
+        if n_cubins:  # the NVRTC they were built with: a fresh user cache then need not load NVRTC to key them
+            record = subprocess.run([sys.executable, "-c", "import json; from custom_kernels.nvrtc import "
+                                     "shipped_version_record as r; print(json.dumps(r()))"],
+                                    cwd=src, env=env, check=True, capture_output=True, text=True).stdout
+            (prebuilt / "nvrtc" / "version.json").write_text(record.strip().splitlines()[-1] + "\n")
         print(f"shipping {n_cubins} NVRTC cubins and {len(kernels) - len(missing)} of {len(kernels)} configured "
               f"CUTLASS kernels" + (", the C++ launch path" if args.host_ext else ""), file=sys.stderr)
         if missing:

@@ -120,6 +120,11 @@ def test_from_cache_ships_the_configured_whole_entries(filled, tmp_path):
     files = {n.removeprefix("custom_kernels/prebuilt/") for n in zipfile.ZipFile(wheel).namelist()
              if n.startswith("custom_kernels/prebuilt/") and not n.endswith("README.md")}
     expected = {f"nvrtc/{c}{s}" for c in names["cubins"] for s in ("", ".sha256")}
+    expected.add("nvrtc/version.json")  # the NVRTC the cubins were built with (custom_kernels.nvrtc)
+    with zipfile.ZipFile(wheel) as zf:
+        record = json.loads(zf.read("custom_kernels/prebuilt/nvrtc/version.json"))
+    from custom_kernels.nvrtc import nvrtc_version
+    assert record["version"] == list(nvrtc_version())
     for name, spec in names["kernels"].items():
         expected |= {f"cutlass/kernels/{name}/{f}{s}" for f in ("kernel.cubin", "host.so", "meta.json")
                      for s in ("", ".sha256")}
