@@ -3,8 +3,8 @@ int4 / int8 weight-only convs (``cutlass_ops.quantize_(model, WeightOnlyConfig(.
 
 Reports, side by side in one run: images/s at batch 1 and 32 (224 x 224, channels_last), eager and
 ``torch.compile(mode="reduce-overhead")``; the weights' GPU memory; SQNR of the logits against the fp16
-model. Layers a mode cannot take (the 7x7 stem: Kh*Kw*Ci = 147 is not a multiple of 8 for int4) stay
-cuDNN; the table says how many layers each mode converted.
+model. Layers a mode cannot take stay cuDNN (at block 128 the 7x7 stem, K = Kh*Kw*Ci = 147, which 128 does
+not divide); the table says how many layers each mode converted.
 
     python scripts/bench_cnn.py [--quick] [--out PATH]
 """
