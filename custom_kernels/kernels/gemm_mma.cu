@@ -14,6 +14,7 @@
 //       are guarded.
 #include "common.cuh"
 #include "converters.cuh"
+#include "cp_async.cuh"
 
 #include "weight_only_types.cuh"
 
@@ -40,54 +41,6 @@ struct TileShape {
   static constexpr int kStageBytes = kABytes + kBBytes + kSOBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes;
 };
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy global -> shared; src_bytes = 0 writes zeros (tails) without reading.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-#if WO_HAS_SM80
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-#endif
-}
-
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
-#if WO_HAS_SM80
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if WO_HAS_SM80
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-#if WO_HAS_SM80
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-#endif
-}
-
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-
-__device__ __forceinline__ uint2 lds64(uint32_t addr) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
-  return v;
-}
-
-__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
-  return v;
-}
 
 // Swapped operands, D^T = W . A^T: the dequantized weights are the mma "A" operand (16 rows of N
 // per n16 tile) and the activations the "B" operand (8 rows of M per m8 tile). A thread's

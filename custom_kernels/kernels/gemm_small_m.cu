@@ -32,6 +32,7 @@
 // its 128 accumulators would not fit in registers next to the weight ring).
 #include "common.cuh"
 #include "converters.cuh"
+#include "cp_async.cuh"
 #include "mma_sync.cuh"
 #include "stream_loads.cuh"
 
@@ -90,39 +91,6 @@ __device__ __forceinline__ constexpr int act_slot(int t, int v) { return 8 * (v 
 // Its inverse: the chunk t and vector v that slot s of a trip holds.
 __device__ __forceinline__ constexpr int slot_chunk(int s) { return (s >> 1) & 3; }
 __device__ __forceinline__ constexpr int slot_vector(int s) { return ((s >> 3) << 1) | (s & 1); }
-
-// Local copies of gemm_mma.cu's helpers: a new shared header would re-key every cached NVRTC cubin.
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy global -> shared, L2 only (.cg: the tile lives in shared memory); src_bytes = 0
-// writes 16 zero bytes without reading (rows past M, K past the split's end).
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-#if WO_HAS_SM80
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if WO_HAS_SM80
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-
-// Wait until at most kPending of this thread's committed groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-#if WO_HAS_SM80
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-#endif
-}
-
-__device__ __forceinline__ uint4 lds128(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
 
 // The block's copies of one stage: activation rows 0 .. 8 kMTiles - 1, K elements [k0, k0 + 8 kStageVecs),
 // zeros for rows >= M and K >= k_end. Consecutive threads fill consecutive slots of a row (conflict-free
@@ -317,23 +285,7 @@ __device__ __forceinline__ void gemm_small_m(const T* __restrict__ A, const uint
   cp_async_wait<0>();  // only empty groups remain; leave none behind
   if (!active) return;
 
-  // Accumulator j of tile (r, i): weight row g + 8 (j >> 1), activation row 2t + (j & 1).
-#pragma unroll
-  for (int r = 0; r < kRowTiles; ++r)
-#pragma unroll
-    for (int i = 0; i < kMTiles; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int n = n_warp + 16 * r + g + 8 * (j >> 1);
-        const int m = 8 * i + 2 * t + (j & 1);
-        if (n < N && m < M) {
-          if (gridDim.y == 1) {
-            cuops::gemv::store_output(D, static_cast<int64_t>(m) * N + n, acc[r][i][j], bias, n, act);
-          } else {
-            workspace[(static_cast<int64_t>(blockIdx.y) * M + m) * N + n] = acc[r][i][j];
-          }
-        }
-      }
+  cuops::gemv::store_accumulators<T, kRowTiles, kMTiles>(acc, n_warp, g, t, bias, D, workspace, M, N, act);
 }
 
 }  // namespace small_m

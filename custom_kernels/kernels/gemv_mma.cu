@@ -175,23 +175,7 @@ __device__ __forceinline__ void gemv_finish(float (&acc)[kRowTiles][kMTiles][4],
   }
   if (warp != 0) return;
 
-  // Accumulator j of tile (r, i): weight row g + 8 (j >> 1), activation row 2t + (j & 1).
-#pragma unroll
-  for (int r = 0; r < kRowTiles; ++r)
-#pragma unroll
-    for (int i = 0; i < kMTiles; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int n = n_block + 16 * r + g + 8 * (j >> 1);
-        const int m = 8 * i + 2 * t + (j & 1);
-        if (n < N && m < M) {
-          if (gridDim.y == 1) {
-            store_output(D, static_cast<int64_t>(m) * N + n, acc[r][i][j], bias, n, act);
-          } else {
-            workspace[(static_cast<int64_t>(blockIdx.y) * M + m) * N + n] = acc[r][i][j];
-          }
-        }
-      }
+  store_accumulators<T, kRowTiles, kMTiles>(acc, n_block, g, t, bias, D, workspace, M, N, act);
 }
 
 template <int kRowTiles, int kMTiles>
