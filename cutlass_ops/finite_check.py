@@ -33,17 +33,19 @@ def all_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
-def check_finite_once(t: torch.Tensor, name: str) -> None:
+def check_finite_once(t: torch.Tensor, name: str) -> bool:
     """ValueError naming ``name`` if the floating tensor ``t`` holds NaN or Inf (checked once per version;
-    a tensor's storage swapped by ``set_`` gets a new version too)."""
+    a tensor's storage swapped by ``set_`` gets a new version too). True when ``t`` is known finite at its
+    version; False when the check was skipped (not floating, or while compiling or capturing)."""
     if _checked.get(t) is not None:
-        return
+        return True
     if not t.is_floating_point() or torch.compiler.is_compiling() or (
             t.is_cuda and torch.cuda.is_current_stream_capturing()):
-        return
+        return False
     if t.numel() and not all_finite(t):
         raise ValueError(f"{name} holds NaN or Inf values; the kernel would write them into the output")
     _checked.put(t, True)
+    return True
 
 
 def check_per_col_inputs(epilogue: str, inputs: dict) -> list[torch.Tensor]:
@@ -59,8 +61,6 @@ def check_per_col_inputs(epilogue: str, inputs: dict) -> list[torch.Tensor]:
     checked = []
     for n in names:
         t = inputs.get(n)
-        if t.__class__ is torch.Tensor:
-            check_finite_once(t, n)
-            if _checked.get(t) is not None:
-                checked.append(t)
+        if t.__class__ is torch.Tensor and check_finite_once(t, n):
+            checked.append(t)
     return checked
