@@ -14,6 +14,7 @@ Conventions (see the shared data format in the project notes):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -231,12 +232,19 @@ def _check_bits(bits, name: str = "bits") -> int:
     return check_bits(bits, name)
 
 
-def _check_weight_args(w, name: str, ndim: int, layout: str, bits, symmetric) -> None:
+def _check_weight_args(w, name: str, ndim: int, layout: str, bits, symmetric, values: bool = True) -> None:
+    """The weight's dtype, shape, bits and symmetric; with ``values`` also its values (``_check_weight_values``)."""
     check_dtype(w, name, FLOAT_DTYPES + (torch.float64,))
     check_ndim(w, name, ndim, layout)
     _check_bits(bits)
     if not isinstance(symmetric, bool):
         raise TypeError(f"symmetric must be a bool, got {type(symmetric).__name__}")
+    if values:
+        _check_weight_values(w, name)
+
+
+def _check_weight_values(w: torch.Tensor, name: str) -> None:
+    """ValueError if w holds NaN or Inf, or (float64) values that the float32 scale and offset cannot hold."""
     if w.numel() and not bool(torch.isfinite(w).all()):
         raise ValueError(f"{name} contains NaN or Inf")
     if w.dtype == torch.float64 and w.numel():
@@ -252,9 +260,62 @@ def _quantize(w_nk: torch.Tensor, bits: int, block_size: int, symmetric: bool, m
                                            method=method, calibration=calibration, options=options)
     for name, t in (("scale", scale), ("offset", offset)):
         if not bool(torch.isfinite(t).all()):
-            raise ValueError(f"w: quantization gave a non-finite {name} (values too large for the "
-                             f"float32 {name}, max |w| = {float(w_nk.abs().max()):g})")
+            raise _nonfinite_param_error(name, w_nk)
     return q, scale, offset
+
+
+def _nonfinite_param_error(name: str, w: torch.Tensor) -> ValueError:
+    return ValueError(f"w: quantization gave a non-finite {name} (values too large for the "
+                      f"float32 {name}, max |w| = {float(w.abs().max()):g})")
+
+
+def _kernel_block_size(w: torch.Tensor, K: int, block_size, default_block: int, conv: bool, bits: int, method,
+                       calibration, options) -> int | None:
+    """The block size with which the minmax kernel (``quantizers.minmax_cuda``) quantizes w, or None where the
+    torch path runs: a CPU or empty weight, another method, calibration or options, or a block_size / K that
+    the torch path rejects (it raises its errors in its own order). ``default_block``: what None means."""
+    if not (w.is_cuda and w.numel() and isinstance(method, str) and method == "minmax" and calibration is None):
+        return None
+    if options is not None and not (isinstance(options, Mapping) and len(options) == 0):
+        return None
+    if block_size is None:
+        block_size = default_block
+    elif isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        return None
+    if K % block_size or (bits == 4 and not conv and K % 8):
+        return None
+    from cutlass_ops.quantizers.minmax_cuda import MAX_K
+
+    return block_size if K <= MAX_K else None
+
+
+def _quantize_cuda(w: torch.Tensor, bits: int, block_size: int, symmetric: bool, K_packed: int):
+    """(qweight, scale, offset) of the CUDA weight w by the minmax kernel, raising the torch path's errors
+    from the kernel's flags (read with one host synchronisation)."""
+    from cutlass_ops.quantizers import minmax_cuda
+
+    qweight, scale, offset, flags = minmax_cuda.quantize_minmax_cuda(w, bits, block_size, symmetric, K_packed)
+    if flags:
+        if flags & minmax_cuda.INPUT_FLAGS:
+            _check_weight_values(w, "w")  # its messages need max |w|: torch, on this error path only
+        for name, bit in (("scale", minmax_cuda.NONFINITE_SCALE), ("offset", minmax_cuda.NONFINITE_OFFSET)):
+            if flags & bit:
+                raise _nonfinite_param_error(name, w)
+        raise RuntimeError(f"quantize_weight.cu flagged {flags:#x}, which the torch checks do not confirm")
+    return qweight, scale, offset
+
+
+def _kernel_weight(qweight, scale, offset, bits: int, block_size: int, N: int, K: int, conv_shape,
+                   symmetric: bool) -> QuantizedWeight:
+    """The QuantizedWeight of the kernel's outputs, built without ``validate``: they are well formed by
+    construction and the kernel checked scale and offset finite, while validate's isfinite checks would be
+    the first launches of two torch kernels (tens of ms in a fresh process)."""
+    values = dict(qweight=qweight, scale=scale, offset=offset, bits=bits, block_size=block_size, N=N, K=K,
+                  conv_shape=conv_shape, symmetric=symmetric)
+    qw = object.__new__(QuantizedWeight)
+    for field in dataclasses.fields(QuantizedWeight):  # a KeyError if a new field is not set here
+        setattr(qw, field.name, values[field.name])
+    return qw
 
 
 def _pack(q: torch.Tensor, bits: int, K_packed: int | None = None) -> torch.Tensor:
@@ -276,14 +337,20 @@ def quantize_weight(w: torch.Tensor, *, bits: int = 8, block_size: int | None = 
     asymmetric: scale = (max - min) / (2^bits - 1), offset = max - qmax * scale.
     q = clamp(round_half_even((w - offset) / scale), qmin, qmax). A zero block (symmetric) or a
     zero-range block (asymmetric) gets scale 1 (and offset = max), so it round-trips exactly.
+    A CUDA weight is quantized so by one NVRTC kernel (``quantizers.minmax_cuda``), bit for bit as on the CPU.
 
     Other methods ("mse", "hqq", "imatrix", "gptq"; see ``cutlass_ops.quantizers``) choose the
     scale/offset (and, for "gptq", the integers) to lower the error, in the same format.
     calibration: layer inputs X [*, K] for "imatrix" and "gptq" (ValueError if missing there or
     given to another method). options: a dict of the method's options, e.g. {"act_order": True}.
     """
-    _check_weight_args(w, "w", 2, "[N, K]", bits, symmetric)
+    _check_weight_args(w, "w", 2, "[N, K]", bits, symmetric, values=False)
     N, K = w.shape
+    kernel_block = _kernel_block_size(w, K, block_size, K, False, bits, method, calibration, options)
+    if kernel_block is not None:  # a CUDA weight, default method: one NVRTC launch instead of ~15 torch ops
+        qweight, scale, offset = _quantize_cuda(w, bits, kernel_block, symmetric, K)
+        return _kernel_weight(qweight, scale, offset, bits, kernel_block, N, K, None, symmetric)
+    _check_weight_values(w, "w")
     block_size = check_block_size(block_size, K)
     if bits == 4:
         check_int4_K(K, "w.shape[1]")
@@ -305,9 +372,14 @@ def quantize_conv_weight(w: torch.Tensor, *, bits: int = 8, block_size: int | No
     are padded with q = 0 to a multiple of 8 (``packed_K``). method/calibration/options as in
     ``quantize_weight``; calibration rows are im2col patches in the stored K order (kh, kw, ci).
     """
-    _check_weight_args(w, "w", 4, "[Co, Ci, Kh, Kw]", bits, symmetric)
+    _check_weight_args(w, "w", 4, "[Co, Ci, Kh, Kw]", bits, symmetric, values=False)
     Co, Ci, Kh, Kw = w.shape
     K = Kh * Kw * Ci
+    kernel_block = _kernel_block_size(w, K, block_size, Ci, True, bits, method, calibration, options)
+    if kernel_block is not None:  # read in place as [Co, Kh, Kw, Ci]: no permuted copy either
+        qweight, scale, offset = _quantize_cuda(w, bits, kernel_block, symmetric, packed_K(K, bits, conv=True))
+        return _kernel_weight(qweight, scale, offset, bits, kernel_block, Co, K, (Co, Kh, Kw, Ci), symmetric)
+    _check_weight_values(w, "w")
     block_size = Ci if block_size is None else check_block_size(block_size, K, "block_size", "Kh*Kw*Ci")
     w_nk = w.permute(0, 2, 3, 1).reshape(Co, K)
     q, scale, offset = _quantize(w_nk, bits, block_size, symmetric, method, calibration, options)
