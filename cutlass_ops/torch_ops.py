@@ -26,7 +26,8 @@ import epilogues
 from cutlass_ops import plan_cache, reference
 from cutlass_ops.formats import QuantizedWeight, packed_K, quantize_activation_reference, unpack_int4
 
-__all__ = ["weight_view", "quantize_per_token", "linear_w8a8_channel_impl", "DEQUANT_EPILOGUES", "OPS"]
+__all__ = ["weight_view", "quantize_per_token", "quantize_per_token_reference", "linear_w8a8_channel_impl",
+           "DEQUANT_EPILOGUES", "OPS"]
 
 DEQUANT_EPILOGUES = ("dequant", "dequant_relu", "dequant_relu6")  # index = activation code
 _DTYPE_NAMES = {v: k for k, v in epilogues.OUTPUT_DTYPES.items()}
@@ -142,18 +143,40 @@ def _(x, qweight, scale, offset, block_size, N, K, bias, act, path):
     return x.new_empty((*x.shape[:-1], N))
 
 
-def quantize_per_token(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 per row: s = amax / 127 (1 for a zero row), A_q = clamp(round(x / s), -127, 127)."""
+def quantize_per_token_reference(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_per_token` in torch ops (any device and float dtype): float32 x, s = amax |x| / 127
+    per row (1 where that is 0), A_q = clamp(round(x / s), -127, 127) (round half to even) as int8.
+    On the CPU every op is one IEEE-rounded float32 op; on CUDA torch computes amax / 127.0 as
+    amax * float(1 / 127), 1 ulp off on a few % of rows (the CUDA path runs the kernel instead)."""
     xf = x2d.to(torch.float32)
     s = xf.abs().amax(dim=-1, keepdim=True) / 127.0
     s = torch.where(s == 0, torch.ones_like(s), s)
     return torch.round(xf / s).clamp_(-127, 127).to(torch.int8), s
 
 
+_TOKEN_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the CUDA kernel takes
+_quantize_per_token_gpu = None  # bound on the first CUDA call: importing torch_ops loads no launcher
+
+
+def quantize_per_token(x2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 per row of x2d [M, K]: (A_q int8 [M, K], s float32 [M, 1]) with s = amax / 127 (1 for
+    a zero row), A_q = clamp(round(x / s), -127, 127). CUDA fp16 / bf16 / fp32 x: one kernel
+    (``cutlass_ops.w8a8.quant_token``), bit for bit :func:`quantize_per_token_reference` on the CPU (a row
+    holding NaN / Inf gets s = NaN / +Inf and A_q = 0 in both; nothing checks x for them: the rows of the
+    output come out NaN). Anything else: the reference."""
+    global _quantize_per_token_gpu
+    if x2d.is_cuda and x2d.dtype in _TOKEN_DTYPES and x2d.dim() == 2 and x2d.shape[1]:
+        if _quantize_per_token_gpu is None:
+            from cutlass_ops.w8a8.quant_token import quantize_per_token_gpu
+            _quantize_per_token_gpu = quantize_per_token_gpu
+        return _quantize_per_token_gpu(x2d)
+    return quantize_per_token_reference(x2d)
+
+
 def linear_w8a8_channel_impl(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
                              bias: Optional[torch.Tensor], act: int) -> torch.Tensor:
-    """act((A_q @ W_q^T) * s_token * s_channel + bias): int8 per-token activations (quantized here
-    with torch ops), int8 per-channel symmetric weight (qweight [N, K], scale [N, 1] float32); one
+    """act((A_q @ W_q^T) * s_token * s_channel + bias): int8 per-token activations (quantized here:
+    :func:`quantize_per_token`), int8 per-channel symmetric weight (qweight [N, K], scale [N, 1] float32); one
     CUTLASS int8 GEMM with the fused dequant epilogue (K % 16 == 0, N % 8 == 0: checked by the caller)."""
     N, K = qweight.shape
     A_q, s_row = quantize_per_token(x.reshape(-1, K))
