@@ -9,6 +9,7 @@
 //                    so the result matches cutlass_ops.formats.quantize_activation_reference
 //                    bit for bit.
 //   Precompute_SumBq sum_B_q[n, g] = sum of the int8 weight q over block g of row n.
+//   precompute_bvec  the same sums and the fused kernel's per-column vector (sB, oB, sB sumB + bs oB, 0).
 #include "common.cuh"
 
 namespace cuops {
@@ -156,12 +157,9 @@ __device__ __forceinline__ void quant_a_warp(const T* __restrict__ x, long long 
   if (lane == 0) store_params(scale, offset, sum_q, m * ld_param + g * g_stride, sc, of, sum);
 }
 
-// One warp per (n, g): sum_B_q[n * G + g] = sum of B_q[n, g*block_size : (g+1)*block_size].
-__device__ __forceinline__ void sum_bq(const int8_t* __restrict__ B_q, long long ldb, int32_t* __restrict__ sum_B_q,
-                                       int N, int G, int block_size) {
+// The sum of B_q[n, g*block_size : (g+1)*block_size] (one warp; every lane gets it).
+__device__ __forceinline__ int block_sum(const int8_t* __restrict__ B_q, long long ldb, int n, int g, int block_size) {
   const int lane = threadIdx.x & 31;
-  int n, g;
-  if (!warp_item(N, G, n, g)) return;
   const int8_t* row = B_q + n * ldb + static_cast<long long>(g) * block_size;
   int acc = 0;
   if ((reinterpret_cast<unsigned long long>(row) & 3ull) == 0 && (block_size & 3) == 0) {
@@ -171,8 +169,35 @@ __device__ __forceinline__ void sum_bq(const int8_t* __restrict__ B_q, long long
   } else {
     for (int k = lane; k < block_size; k += 32) acc += row[k];
   }
-  acc = warp_sum(acc);
-  if (lane == 0) sum_B_q[static_cast<long long>(n) * G + g] = acc;
+  return warp_sum(acc);
+}
+
+// One warp per (n, g): sum_B_q[n * G + g] = block_sum(n, g).
+__device__ __forceinline__ void sum_bq(const int8_t* __restrict__ B_q, long long ldb, int32_t* __restrict__ sum_B_q,
+                                       int N, int G, int block_size) {
+  int n, g;
+  if (!warp_item(N, G, n, g)) return;
+  const int acc = block_sum(B_q, ldb, n, g, block_size);
+  if ((threadIdx.x & 31) == 0) sum_B_q[static_cast<long long>(n) * G + g] = acc;
+}
+
+// The fused kernel's per-column vector of block (n, g) (cutlass_ops.w8a8.fused): bvec[g, n] = (sB, oB,
+// q, 0) with q = f32(f64(sB) * f64(sum_B_q) + f64(block_size) * f64(oB)), each float64 op one IEEE
+// rounding (__d*_rn: no FMA), as the torch expression it replaces; plus sum_B_q as sum_bq writes it.
+__device__ __forceinline__ void precompute_bvec(const int8_t* __restrict__ B_q, long long ldb,
+                                                const float* __restrict__ scale, const float* __restrict__ offset,
+                                                int32_t* __restrict__ sum_B_q, float4* __restrict__ bvec, int N, int G,
+                                                int block_size) {
+  int n, g;
+  if (!warp_item(N, G, n, g)) return;
+  const int sum = block_sum(B_q, ldb, n, g, block_size);
+  if ((threadIdx.x & 31) != 0) return;
+  const long long ng = static_cast<long long>(n) * G + g;
+  sum_B_q[ng] = sum;
+  const float sB = scale[ng], oB = offset[ng];
+  const double q = __dadd_rn(__dmul_rn(static_cast<double>(sB), static_cast<double>(sum)),
+                             __dmul_rn(static_cast<double>(block_size), static_cast<double>(oB)));
+  bvec[static_cast<long long>(g) * N + n] = make_float4(sB, oB, __double2float_rn(q), 0.0f);
 }
 
 }  // namespace quant
@@ -199,6 +224,13 @@ CUOPS_DEFINE_QUANT_A(quant_a_bf16, __nv_bfloat16)
 CUOPS_DEFINE_QUANT_A_WARP(quant_a_warp_f32, float)
 CUOPS_DEFINE_QUANT_A_WARP(quant_a_warp_f16, __half)
 CUOPS_DEFINE_QUANT_A_WARP(quant_a_warp_bf16, __nv_bfloat16)
+
+// scale, offset: float32 [N, G] contiguous; bvec: float4 [G, N] (see precompute_bvec).
+extern "C" __global__ void __launch_bounds__(256)
+    precompute_bvec(const int8_t* B_q, long long ldb, const float* scale, const float* offset, int32_t* sum_B_q,
+                    float4* bvec, int N, int G, int block_size) {
+  cuops::quant::precompute_bvec(B_q, ldb, scale, offset, sum_B_q, bvec, N, G, block_size);
+}
 
 extern "C" __global__ void __launch_bounds__(256)
     precompute_sum_bq(const int8_t* B_q, long long ldb, int32_t* sum_B_q, int N, int G, int block_size) {

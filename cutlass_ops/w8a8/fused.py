@@ -21,7 +21,7 @@ from custom_kernels.device import capability, on_device, target_arch
 from custom_kernels.launch import I32, KernelArgs, Ptr, TensorMap, load_kernel
 
 from .launches import GridLaunches, device_index, grid_launches
-from .quant_a import quantize_activation_gpu, quantize_activation_planes_gpu
+from .quant_a import BVEC_KERNEL, SOURCE as QUANT_A_SOURCE, precompute_bvec_gpu, quantize_activation_gpu, quantize_activation_planes_gpu
 from .tiles import BLOCK_SIZES, ROW_PLANES_KERNEL, TILE_CONFIGS, TileConfig, choose_config
 from .tma import tensor_map_2d
 
@@ -70,15 +70,21 @@ def _check_block_size(block_size: int, K: int) -> None:
 
 def _prepare(qw, device: torch.device) -> dict:
     N, K, bs = qw.N, qw.K, qw.block_size
-    G = K // bs
     B_q = qw.qweight.to(device).contiguous()
-    sumB = B_q.reshape(N, G, bs).sum(dim=-1, dtype=torch.int32)
-    sB = qw.scale.to(device, torch.float32)
-    oB = qw.offset.to(device, torch.float32)
-    # q in float64, rounded once to float32 (the kernel multiplies it by oA)
-    q = (sB.double() * sumB.double() + bs * oB.double()).float()
-    bvec = torch.stack((sB, oB, q, torch.zeros_like(q)), dim=-1).transpose(0, 1).contiguous()  # [G, N, 4]
-    return {"B_q": B_q, "bvec": bvec, "sumB": sumB, "N": N, "K": K, "G": G, "block_size": bs, "device": device}
+    sB, oB = qw.scale.to(device, torch.float32), qw.offset.to(device, torch.float32)
+    # on the GPU one NVRTC launch (quant_a.cu precompute_bvec), bit for bit the torch reference
+    sumB, bvec = (precompute_bvec_gpu if device.type == "cuda" else prepare_bvec_reference)(B_q, sB, oB, bs)
+    return {"B_q": B_q, "bvec": bvec, "sumB": sumB, "N": N, "K": K, "G": K // bs, "block_size": bs, "device": device}
+
+
+def prepare_bvec_reference(B_q: torch.Tensor, sB: torch.Tensor, oB: torch.Tensor, block_size: int):
+    """(sumB int32 [N, G], bvec float32 [G, N, 4]) of :func:`_prepare` in torch ops (the kernel's reference):
+    q = sB * sumB + block_size * oB in float64, rounded once to float32 (the kernel multiplies it by oA)."""
+    N, K = B_q.shape
+    G = K // block_size
+    sumB = B_q.reshape(N, G, block_size).sum(dim=-1, dtype=torch.int32)
+    q = (sB.double() * sumB.double() + block_size * oB.double()).float()
+    return sumB, torch.stack((sB, oB, q, torch.zeros_like(q)), dim=-1).transpose(0, 1).contiguous()
 
 
 def prepare_weight_w8a8(qw, device=None) -> dict:
@@ -134,10 +140,10 @@ class FusedPlan:
 
     @staticmethod
     def kernels(cfg: TileConfig, block_size: int) -> tuple:
-        """(source, kernel, defines) of every kernel the plan may load: the GEMM and, planar variants, the
-        row-parameter transpose (same module; used when the caller passes quantized_A)."""
+        """(source, kernel, defines) of every kernel the plan may load: the GEMM, the weight preparation and,
+        planar variants, the row-parameter transpose (same module; used when the caller passes quantized_A)."""
         defines = cfg.defines(block_size)
-        return ((cfg.kernel_file, cfg.kernel_name, defines),
+        return ((cfg.kernel_file, cfg.kernel_name, defines), (QUANT_A_SOURCE, BVEC_KERNEL, {}),
                 *(((cfg.kernel_file, ROW_PLANES_KERNEL, dict(defines)),) if cfg.planes else ()))
 
     def __init__(self, qw, cfg: TileConfig, device: int):

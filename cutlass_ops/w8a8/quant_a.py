@@ -41,6 +41,14 @@ class SumBqArgs(KernelArgs):
     _fields_ = [("B_q", Ptr), ("ldb", I64), ("sum_B_q", Ptr), ("N", I32), ("G", I32), ("block_size", I32)]
 
 
+class BvecArgs(KernelArgs):
+    _fields_ = [("B_q", Ptr), ("ldb", I64), ("scale", Ptr), ("offset", Ptr), ("sum_B_q", Ptr), ("bvec", Ptr),
+                ("N", I32), ("G", I32), ("block_size", I32)]
+
+
+BVEC_KERNEL = "precompute_bvec"  # the fused path's weight preparation (w8a8.fused)
+
+
 def _quant_a_threads(block_size: int) -> int:
     # About 4 elements per thread, 1 to 8 warps.
     return 32 * min(8, max(1, math.ceil(block_size / 128)))
@@ -152,3 +160,24 @@ def sum_bq_gpu(qweight: torch.Tensor, block_size: int | None = None) -> torch.Te
             launches(math.ceil(N * G / SUM_BQ_WARPS), B_q=qweight.data_ptr(), ldb=qweight.stride(0),
                      sum_B_q=out.data_ptr(), N=N, G=G, block_size=block_size)
     return out
+
+
+def precompute_bvec_gpu(qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
+                        block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum_B_q int32 [N, G], bvec float32 [G, N, 4] = (sB, oB, sB * sum_B_q + block_size * oB, 0)) of the
+    int8 CUDA weight qweight [N, K] (rows contiguous) with its float32 scale / offset [N, G], in one launch:
+    the fused kernel's per-column data (``w8a8.fused``), bit for bit the float64 torch expression it
+    replaces (whose ~10 first launches of torch kernels cost tens of ms in a fresh process)."""
+    N, K = qweight.shape
+    G = K // block_size
+    scale, offset = scale.contiguous(), offset.contiguous()
+    sum_B_q = torch.empty((N, G), dtype=torch.int32, device=qweight.device)
+    bvec = torch.empty((G, N, 4), dtype=torch.float32, device=qweight.device)
+    if N * G:
+        device = device_index(qweight)
+        launches = grid_launches(SOURCE, BVEC_KERNEL, BvecArgs, 32 * SUM_BQ_WARPS, device)
+        with on_device(device):
+            launches(math.ceil(N * G / SUM_BQ_WARPS), B_q=qweight.data_ptr(), ldb=qweight.stride(0),
+                     scale=scale.data_ptr(), offset=offset.data_ptr(), sum_B_q=sum_B_q.data_ptr(),
+                     bvec=bvec.data_ptr(), N=N, G=G, block_size=block_size)
+    return sum_B_q, bvec

@@ -207,3 +207,28 @@ def test_k_must_be_a_multiple_of_the_block():
     qw = _weight(64, 256, 64, gen)
     with pytest.raises(ValueError, match="K=200"):
         linear_w8a8_fused(torch.randn(4, 200, device="cuda"), qw)
+
+
+@pytest.mark.parametrize("N, K, block_size, odd_rows", [(1, 96, 32, False), (17, 320, 64, False),
+                                                        (130, 256, 128, True), (5, 4096, 4096, False),
+                                                        (257, 4352, 256, False)])
+def test_weight_preparation_kernel_equals_the_torch_reference(N, K, block_size, odd_rows):
+    """precompute_bvec (quant_a.cu), the fused path's weight preparation on the GPU: sum_B_q and bvec equal,
+    bit for bit, the float64 torch expression they replace (prepare_bvec_reference) - rows at odd addresses
+    (the byte loop), extreme int8 rows and scales of every magnitude included."""
+    from cutlass_ops.w8a8.fused import prepare_bvec_reference
+    from cutlass_ops.w8a8.quant_a import precompute_bvec_gpu
+
+    gen = torch.Generator(device="cuda").manual_seed(N + K)
+    G = K // block_size
+    q = torch.randint(-128, 128, (N, K + 1), generator=gen, dtype=torch.int8, device="cuda")
+    q[0, :K] = -128  # the extreme sums
+    if N > 1:
+        q[1, :K] = 127
+    B_q = q[:, 1:] if odd_rows else q[:, :K].contiguous()
+    scale = torch.rand(N, G, generator=gen, device="cuda") * torch.logspace(-30, 30, N * G, device="cuda").view(N, G)
+    offset = torch.randn(N, G, generator=gen, device="cuda") * torch.logspace(20, -20, N * G, device="cuda").view(N, G)
+    sumB, bvec = precompute_bvec_gpu(B_q, scale, offset, block_size)
+    ref_sumB, ref_bvec = prepare_bvec_reference(B_q.contiguous(), scale, offset, block_size)
+    assert torch.equal(sumB, ref_sumB)
+    assert torch.equal(bvec.view(torch.int32), ref_bvec.view(torch.int32))  # bits, signed zeros included
