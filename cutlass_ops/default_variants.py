@@ -1,9 +1,10 @@
 """Every NVRTC kernel module the default dispatch of the public ops can load on one GPU architecture.
 
 A wheel ships these cubins (``scripts/build_wheel.py`` through ``scripts/wheel_manifest.py``), so that no
-first call of ``linear``, ``conv2d``, ``linear_w8a8``, ``quantize_activation`` (or of the ``dequantize``
-op of the backward formulas) compiles on a GPU of that architecture, whatever its M, shapes, dtypes,
-bits and block size. No GPU is needed: everything is derived from the families' own pure functions,
+first call of ``linear``, ``conv2d``, ``linear_w8a8``, ``quantize_activation``, ``quantize_weight`` /
+``quantize_conv_weight`` of a CUDA weight, the per-token quantization of ``linear_w8a8_channel`` (or of the ``dequantize`` op of the backward formulas) compiles
+on a GPU of that architecture, whatever its M, shapes, dtypes, bits and block size. No GPU is needed:
+everything is derived from the families' own pure functions,
 
 - what each plan loads: its class's ``kernels(...)`` (source, kernel, defines), whose defines are the
   ones the plan itself loads with (``weight_only.shared.wo_defines``, ``conv.geometry.conv_defines``,
@@ -28,10 +29,11 @@ import torch
 
 __all__ = ["KernelUse", "BITS", "FAMILY_OF_STRATEGY", "nvrtc_target", "target_cc", "linear_kernels",
            "dequantize_kernels", "conv2d_kernels", "linear_w8a8_kernels", "quantize_activation_kernels",
-           "default_variants", "default_modules"]
+           "quantize_weight_kernels", "quantize_per_token_kernels", "default_variants", "default_modules"]
 
 BITS = (4, 8)  # weight widths (formats.check_bits)
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+WEIGHT_DTYPES = FLOAT_DTYPES + (torch.float64,)  # what formats.quantize_weight takes
 # weight-only strategy -> its kernel family (scripts/sanitize_kernels.py FAMILIES)
 FAMILY_OF_STRATEGY = {"dequant_cublas": "dequant_weight"}
 
@@ -113,6 +115,22 @@ def quantize_activation_kernels(dtype: torch.dtype, block_size: int) -> set[Kern
 
     name = f"quant_a_warp_{TAGS[dtype]}" if block_size <= WARP_ITEM_MAX else f"quant_a_{TAGS[dtype]}"
     return {KernelUse.of(SOURCE, name)}
+
+
+def quantize_weight_kernels(dtype: torch.dtype, bits: int) -> set[KernelUse]:
+    """What ``formats.quantize_weight`` / ``quantize_conv_weight`` load for a CUDA weight of ``dtype`` quantized
+    to ``bits`` bits by the default method ("minmax"; the other methods run torch ops)."""
+    from cutlass_ops.quantizers.minmax_cuda import kernel
+
+    return _uses([kernel(dtype, bits)])
+
+
+def quantize_per_token_kernels(dtype: torch.dtype) -> set[KernelUse]:
+    """What ``torch_ops.quantize_per_token`` loads for CUDA ``dtype`` activations (``linear_w8a8_channel``,
+    QuantLinear mode "w8a8_channel"; the GEMM after it is CUTLASS's): one kernel for every M and K."""
+    from cutlass_ops.w8a8.quant_token import quant_token_kernels
+
+    return _uses(quant_token_kernels(dtype))
 
 
 def linear_w8a8_kernels(M: int, N: int, dtype: torch.dtype, block_size: int, arch: str,
@@ -197,6 +215,17 @@ def _w8a8(arch: str):
                 yield ("quant_a" if use.file == QUANT_A else "scheme2_epilogue"), {use}
 
 
+def _quantize_weight():
+    for dtype in WEIGHT_DTYPES:
+        for bits in BITS:
+            yield "quantize_weight", quantize_weight_kernels(dtype, bits)
+
+
+def _quant_token():
+    for dtype in FLOAT_DTYPES:
+        yield "quant_token", quantize_per_token_kernels(dtype)
+
+
 def default_variants(arch: str | int, *, pdl: bool = True) -> dict[KernelUse, frozenset[str]]:
     """Every kernel the default dispatch of the public ops can load on a GPU whose NVRTC target is
     ``arch`` ("90a", "80", "75", "86", "89"; "90" means "90a"), each with the kernel families
@@ -205,7 +234,7 @@ def default_variants(arch: str | int, *, pdl: bool = True) -> dict[KernelUse, fr
     arch = nvrtc_target(arch)
     cc = target_cc(arch)
     out: dict[KernelUse, set[str]] = {}
-    for family, uses in (*_weight_only(cc, pdl), *_conv(cc), *_w8a8(arch)):
+    for family, uses in (*_weight_only(cc, pdl), *_conv(cc), *_w8a8(arch), *_quantize_weight(), *_quant_token()):
         for use in uses:
             out.setdefault(use, set()).add(family)
     return {use: frozenset(families) for use, families in sorted(out.items())}

@@ -8,7 +8,7 @@ tests use to force a strategy or a kernel variant: ``strategy=``, ``config=``, `
 line of the case that caused it. It prints ``OK <case>`` (or ``FAIL`` / ``SKIP``) per case and a
 summary, and exits 1 if a case raised. No CUTLASS kernel is built or launched (``int8_gemm``, and the
 W8A8 "orchestrator" and "literal" paths, which run CUTLASS GEMMs, are left out); the fused scheme-2
-kernel is NVRTC and is in. All 90 ``extern "C" __global__`` kernels of custom_kernels/kernels/*.cu
+kernel is NVRTC and is in. All 102 ``extern "C" __global__`` kernels of custom_kernels/kernels/*.cu
 are reached (``--check-coverage``).
 
 On the GPU machine, compile first (NVRTC; gemv_mma.cu / gemv_stream.cu take about a minute per module, so
@@ -25,8 +25,9 @@ names, and several --kernel-name filters add up):
         --kernel-name kns=gemm_small_m \
         --kernel-name kns=conv_ --kernel-name kns=splitk_reduce --kernel-name kns=gather_k --kernel-name kns=dequant_ \
         --kernel-name kns=quantize_q8_1 --kernel-name kns=test_int --kernel-name kns=test_uint \
-        --kernel-name kns=quant_a_ --kernel-name kns=precompute_sum_bq --kernel-name kns=bias_act_ \
+        --kernel-name kns=quant_a_ --kernel-name kns=precompute_sum_bq --kernel-name kns=precompute_bvec --kernel-name kns=bias_act_ \
         --kernel-name kns=w8a8_kblock_gemm --kernel-name kns=w8a8_kblock_wgmma --kernel-name kns=w8a8_row_planes \
+        --kernel-name kns=quantize_weight_ --kernel-name kns=quant_token_ \
         python3 scripts/sanitize_kernels.py
 
 The script prints that command for the cases it selected (``--sanitizer-cmd`` prints only it; with
@@ -94,7 +95,8 @@ import torch  # noqa: E402
 FAMILIES = ("gemv_mma", "gemv_stream", "gemv_simt", "gemm_mma", "gemm_simt", "gemm_small_m", "dequant_weight",
             "gemv_dp4a",
             "converters_test",
-            "conv", "quant_a", "scheme2_epilogue", "w8a8_kblock_fused", "w8a8_kblock_wgmma")
+            "conv", "quant_a", "scheme2_epilogue", "w8a8_kblock_fused", "w8a8_kblock_wgmma", "quantize_weight",
+            "quant_token")
 ALIASES = {"gemv": ("gemv_mma", "gemv_stream", "gemv_simt"), "gemm": ("gemm_mma", "gemm_simt", "gemm_small_m"),
            "dequant": "dequant_weight",
            "dp4a": "gemv_dp4a", "converters": "converters_test",
@@ -104,8 +106,9 @@ ALIASES = {"gemv": ("gemv_mma", "gemv_stream", "gemv_simt"), "gemm": ("gemm_mma"
 # Substrings (compute-sanitizer kns= filters) that together match every project kernel and, as far
 # as we know, no torch / cuBLAS kernel; --check-coverage checks the first half of that claim.
 SANITIZER_PREFIXES = ("gemv_", "gemm_mma_mt", "gemm_simt", "gemm_small_m", "conv_", "splitk_reduce", "gather_k", "dequant_", "quantize_q8_1",
-                      "test_int", "test_uint", "quant_a_", "precompute_sum_bq", "bias_act_", "w8a8_kblock_gemm",
-                      "w8a8_kblock_wgmma", "w8a8_row_planes")
+                      "test_int", "test_uint", "quant_a_", "precompute_sum_bq", "precompute_bvec", "bias_act_", "w8a8_kblock_gemm",
+                      "w8a8_kblock_wgmma", "w8a8_row_planes", "quantize_weight_",
+                      "quant_token_")
 
 # Kernels no case can reach, with the reason (checked by --check-coverage). Empty: all are reached.
 UNREACHABLE: dict[str, str] = {}
@@ -665,6 +668,17 @@ def _build_scheme2_helper_cases() -> None:
         _add(f"precompute_sum_bq/N{N}-K{bs * G}-g{bs}" + ("-odd-address-rows" if odd else ""), "quant_a",
              [_ref(QA, "precompute_sum_bq")], run_sum)
 
+        def run_bvec(N=N, bs=bs, G=G, odd=odd):
+            from cutlass_ops.w8a8.quant_a import precompute_bvec_gpu
+
+            K = bs * G
+            g = torch.Generator().manual_seed(N + K + 1)
+            q = torch.randint(-128, 128, (N, K + 3), generator=g, dtype=torch.int8).to(_cuda())
+            scale, offset = (torch.rand(N, G, generator=g).to(_cuda()) for _ in range(2))
+            return precompute_bvec_gpu(q[:, 1:1 + K] if odd else q[:, :K].contiguous(), scale, offset, bs)[1]
+        _add(f"precompute_bvec/N{N}-K{bs * G}-g{bs}" + ("-odd-address-rows" if odd else ""), "quant_a",
+             [_ref(QA, "precompute_bvec")], run_bvec)
+
     for out_dtype, params_2d in ((torch.float32, True), (torch.float16, False), (torch.bfloat16, True)):
         def run_acc(out_dtype=out_dtype, params_2d=params_2d):
             from cutlass_ops.w8a8.epilogue import dequant_and_acc_gpu
@@ -698,6 +712,51 @@ def _build_scheme2_helper_cases() -> None:
             return bias_and_activation_gpu(data, _vector(N, torch.float32) if bias else None, "relu6", out=out)
         _add(f"bias_act/{src}-to-{dst}-M9-N33" + ("-bias" if bias else "") + ("-strided" if strided else "")
              + ("-inplace" if src == dst else ""), "scheme2_epilogue", [_ref(S2, f"bias_act_{src}_{dst}")], run_bias)
+
+
+# -- quantize_weight.cu ------------------------------------------------------------------------
+
+def _build_quantize_weight_cases() -> None:
+    QW = "quantize_weight.cu"
+    tags = {**_DT_NAME, torch.float64: "f64"}
+    # (dtype, bits, symmetric, shape, block_size, transposed): linear [N, K] or conv [Co, Ci, Kh, Kw]; ragged
+    # N, per channel (None), an RGB stem (K = 147, int4 rows padded to 152), depthwise, a strided linear weight
+    problems = ((torch.float16, 8, True, (3, 320), 64, False), (torch.bfloat16, 4, False, (257, 256), 32, False),
+                (torch.float32, 8, False, (64, 3, 7, 7), None, False), (torch.float32, 4, True, (5, 1024), None, True),
+                (torch.float64, 8, True, (17, 96), 32, False), (torch.float64, 4, False, (64, 3, 7, 7), None, False),
+                (torch.float16, 4, False, (8, 16, 3, 3), 48, False),
+                (torch.bfloat16, 8, False, (24, 1, 3, 3), 9, False))
+    for dtype, bits, symmetric, shape, block_size, transposed in problems:
+        def run(dtype=dtype, bits=bits, symmetric=symmetric, shape=shape, block_size=block_size,
+                transposed=transposed):
+            from cutlass_ops.formats import quantize_conv_weight, quantize_weight
+
+            g = torch.Generator().manual_seed(sum(shape) + bits)
+            w = torch.randn(shape[::-1] if transposed else shape, generator=g, dtype=torch.float64).to(dtype)
+            w = w.to(_cuda()).t() if transposed else w.to(_cuda())
+            quantize = quantize_conv_weight if len(shape) == 4 else quantize_weight
+            return quantize(w, bits=bits, block_size=block_size, symmetric=symmetric).qweight
+        name = (f"quantize_weight/{tags[dtype]}-W{bits}-{'x'.join(map(str, shape))}-g{block_size}"
+                f"-{'sym' if symmetric else 'asym'}" + ("-strided" if transposed else ""))
+        _add(name, "quantize_weight", [_ref(QW, f"quantize_weight_w{bits}_{tags[dtype]}")], run)
+
+
+# -- quant_token.cu ----------------------------------------------------------------------------
+
+def _build_quant_token_cases() -> None:
+    QT = "quant_token.cu"
+    # (dtype, M, K, row offset): 1, 2, 4 and 8 warps per row; an offset of 1 or 3 elements starts the rows
+    # off a 16-byte boundary (a scalar head and tail around the vectors)
+    problems = ((torch.float16, 3, 4096, 0), (torch.bfloat16, 17, 4097, 1), (torch.float32, 64, 7, 0),
+                (torch.float16, 5, 14336, 3), (torch.float32, 9, 1000, 1), (torch.bfloat16, 1, 1, 0))
+    for dtype, M, K, offset in problems:
+        def run(dtype=dtype, M=M, K=K, offset=offset):
+            from cutlass_ops.torch_ops import quantize_per_token
+
+            x = _activations(M, K + offset, dtype, seed=9, scale=3.0)[:, offset:]
+            return quantize_per_token(x)[0]
+        _add(f"quant_token/{_DT_NAME[dtype]}-M{M}-K{K}" + (f"-offset{offset}" if offset else ""), "quant_token",
+             [_ref(QT, f"quant_token_{_DT_NAME[dtype]}")], run)
 
 
 # -- w8a8_kblock_fused.cu ----------------------------------------------------------------------
@@ -801,6 +860,8 @@ def build_cases() -> list[Case]:
         _build_conv_cases()
         _build_scheme2_helper_cases()
         _build_w8a8_cases()
+        _build_quantize_weight_cases()
+        _build_quant_token_cases()
     return CASES
 
 

@@ -86,6 +86,11 @@ def loads(arch: str) -> dict[KernelUse, str]:
     for dtype in DTYPES:
         for bits in dv.BITS:
             add(dv.dequantize_kernels(dtype, bits), f"dequantize {dtype} W{bits}")
+    for dtype in (*DTYPES, torch.float64):
+        for bits in dv.BITS:
+            add(dv.quantize_weight_kernels(dtype, bits), f"quantize_weight {dtype} W{bits}")
+    for dtype in DTYPES:
+        add(dv.quantize_per_token_kernels(dtype), f"quantize_per_token {dtype}")
     for problem in conv_grid():
         add(dv.conv2d_kernels(*problem, cc), f"conv2d {problem}")
     for dtype in DTYPES:
@@ -158,6 +163,9 @@ def test_families_are_the_sanitizer_families():
         served = set().union(*dv.default_variants(arch).values())
         assert served <= set(sanitize_kernels.FAMILIES) - {"converters_test"}
     assert set(dv.default_modules("90a", ["quant_a"])) == {("quant_a.cu", ())}
+    for arch in ARCHS:  # every dtype and bits of quantize_weight's kernel: one module, no defines, on every GPU
+        assert dv.default_modules(arch, ["quantize_weight"]) == {("quantize_weight.cu", ()): {
+            f"quantize_weight_w{bits}_{tag}" for bits in dv.BITS for tag in ("f16", "bf16", "f32", "f64")}}
     # every weight-only strategy's family is one of them
     from cutlass_ops.weight_only import STRATEGIES
 
