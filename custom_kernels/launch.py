@@ -289,20 +289,29 @@ class LaunchShape:
 
     def launch(self, stream: int, kernel_params: int) -> None:
         """Launch on ``stream`` (a raw CUstream; 0 = the legacy default) with ``kernel_params``."""
-        if self._ex_config is None:
-            err, = driver.cuLaunchKernel(self.function, *self.grid, *self.block, self.smem, stream,
-                                         kernel_params, 0)
+        err = self._launch(stream, kernel_params) if self._ex_config is not None else driver.cuLaunchKernel(
+            self.function, *self.grid, *self.block, self.smem, stream, kernel_params, 0)[0]
+        if err == driver.CUresult.CUDA_SUCCESS:
+            return
+        if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+            # A thread where no CUDA context is current yet (autograd's device threads: torch binds the
+            # primary context there only at its first runtime call, which may come after ours): bind it, retry.
+            ensure_context(self.device)
+            err = self._launch(stream, kernel_params)
             if err == driver.CUresult.CUDA_SUCCESS:
                 return
-        else:
-            with self._lock:
-                self._ex_config.stream = stream
-                code = self._ex_call(self._ex_config_addr, self._ex_function, kernel_params, None)
-            if code == 0:
-                return
-            err = driver.CUresult(code)
         check((err,), f"cuLaunchKernel({self.name}, grid={self.grid}, block={self.block}, smem={self.smem}, "
                       f"cluster={self.cluster}, pdl={self.pdl})")
+
+    def _launch(self, stream: int, kernel_params: int):
+        """One launch attempt: its CUresult."""
+        if self._ex_config is None:
+            return driver.cuLaunchKernel(self.function, *self.grid, *self.block, self.smem, stream, kernel_params,
+                                         0)[0]
+        with self._lock:
+            self._ex_config.stream = stream
+            code = self._ex_call(self._ex_config_addr, self._ex_function, kernel_params, None)
+        return driver.CUresult.CUDA_SUCCESS if code == 0 else driver.CUresult(code)
 
 
 class Launch:

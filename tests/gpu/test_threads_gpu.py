@@ -63,3 +63,27 @@ def test_two_threads_on_their_own_streams(setup):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_a_threads_first_cuda_work_is_ours(setup):
+    """A new thread whose first CUDA work is one of our launches (no torch stream or runtime call before it,
+    as on autograd's device threads, where a backward formula launches our dequantize kernel): the
+    launcher binds the primary context there instead of failing with CUDA_ERROR_INVALID_CONTEXT."""
+    ops, ref = setup
+    results, errors = {}, []
+
+    def worker():
+        try:
+            for name, fn in ops.items():
+                for M in SHAPES:
+                    results[(name, M)] = fn(M)
+        except Exception as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    torch.cuda.synchronize()
+    assert not errors, errors
+    for key, out in results.items():
+        assert torch.equal(out, ref[key]), key
