@@ -24,12 +24,22 @@ _per_col: dict[str, tuple[str, ...]] = {}  # epilogue name -> its per_col input 
 HOST_CHECK_MAX = 1 << 20  # elements: smaller CUDA tensors are checked in a host copy
 
 
+# floating dtype -> (the integer dtype of its bits, its exponent mask): a value is NaN or Inf iff all its
+# exponent bits are set
+_EXPONENT = {torch.float16: (torch.int16, 0x7C00), torch.bfloat16: (torch.int16, 0x7F80),
+             torch.float32: (torch.int32, 0x7F800000), torch.float64: (torch.int64, 0x7FF0000000000000)}
+
+
 def all_finite(t: torch.Tensor) -> bool:
-    """Whether ``t`` holds no NaN / Inf (a host synchronisation). A small CUDA tensor is copied to the host
-    and checked there: in a fresh process the first launch of torch's isfinite / all kernels costs ~10-30 ms
-    each (CUDA lazy module loading), a copy of up to 4 MiB well under one."""
-    if t.is_cuda and t.numel() <= HOST_CHECK_MAX:
-        t = t.cpu()
+    """Whether ``t`` holds no NaN / Inf (a host synchronisation). A small contiguous CUDA tensor is copied to
+    the host and its exponent bits checked with numpy: in a fresh process the first launch of torch's isfinite
+    / all kernels costs ~10-30 ms each (CUDA lazy module loading) and torch's first CPU reduction ~30 ms on a
+    16-core host (measured on an H100 machine), a copy of up to 4 MiB and a numpy pass well under one."""
+    exponent = _EXPONENT.get(t.dtype)
+    if t.is_cuda and t.numel() <= HOST_CHECK_MAX and exponent is not None and t.is_contiguous():
+        bits_dtype, mask = exponent
+        bits = t.cpu().view(bits_dtype).numpy()
+        return not bool(((bits & mask) == mask).any())
     return bool(torch.isfinite(t).all())
 
 

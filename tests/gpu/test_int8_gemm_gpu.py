@@ -252,3 +252,21 @@ def test_public_api_out_argument_and_input_errors(gen):
         cutlass_ops.int8_gemm(A, B, "dequant", scale_row=s_row, scale_col=s_col, scales=s_col)
     D = cutlass_ops.int8_gemm(A, B, "dequant", scale_row=s_row, scale_col=s_col, bias=None)  # None: absent
     _check_float(D, spec.reference(accum, "f16", scale_row=s_row, scale_col=s_col), "f16", terms)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_host_finite_check_reads_every_dtype(dtype):
+    """finite_check.all_finite on small CUDA tensors (the exponent bits of a host copy, checked by numpy):
+    NaN, +-Inf anywhere flagged; the largest finite value, subnormals and signed zeros not; a strided tensor
+    (the torch fallback) agrees."""
+    from cutlass_ops.finite_check import all_finite
+
+    info = torch.finfo(dtype)
+    base = torch.tensor([1.0, -0.0, 0.0, info.max, -info.max, info.tiny / 4, info.tiny], dtype=dtype, device="cuda")
+    assert all_finite(base) and all_finite(base[::2])
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for where in (0, 3, 6):
+            t = base.clone()
+            t[where] = bad
+            assert not all_finite(t), (bad, where)
+            assert not all_finite(t.view(1, -1).expand(2, -1).t()), (bad, where)  # non-contiguous: torch path
