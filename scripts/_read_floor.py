@@ -67,3 +67,22 @@ def read_floor_us(nbytes: int, bench_us, copies: int = 3) -> tuple[float, int, i
                 launch(src=pointers[i[0]])
             best = min(best, (bench_us(run, rep_ms=30), per_sm, unroll))
     return best
+
+
+def read_floor_graph_us(nbytes: int, graph_us, copies: int) -> tuple[float, int, int]:
+    """:func:`read_floor_us` timed as the weight-only benchmarks time a GEMV: ``graph_us`` of a CUDA graph
+    whose launches rotate over ``copies`` buffers (``_timing.Rotating``), so the floor carries the same
+    launch gaps and ramp as the kernel it bounds. (best us, blocks per SM, UNROLL)."""
+    from _timing import Rotating
+
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    sink = torch.zeros(256 * max(BLOCKS_PER_SM) * sm, dtype=torch.int32, device="cuda")
+    words = nbytes // 16
+    buffers = [torch.empty(words * 16, dtype=torch.uint8, device="cuda") for _ in range(copies)]
+    best = (float("inf"), 0, 0)
+    for unroll in UNROLLS:
+        for per_sm in BLOCKS_PER_SM:
+            launch = _launch(unroll, per_sm * sm, buffers[0].data_ptr(), words, sink)
+            call = Rotating(lambda i, launch=launch: launch(src=buffers[i].data_ptr()), copies)
+            best = min(best, (graph_us(call, reps=copies * max(1, 60 // copies)), per_sm, unroll))
+    return best

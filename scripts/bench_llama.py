@@ -4,7 +4,9 @@ The model: hidden 4096, 32 query heads and 8 KV heads of 128 (grouped-query atte
 ``scaled_dot_product_attention``), a static KV cache, RoPE, RMSNorm, SwiGLU MLP 14336; 8 layers
 (``--layers``). For each mode - fp16 (cuBLAS), W4A16 and W8A16 (weight-only, block 128), W8A8 per
 channel (int8 per-token activations, CUTLASS int8 GEMM + dequant epilogue), W8A8 per K block
-(scheme 2, fused), and torchao's Int4WeightOnlyConfig where torchao imports - one run reports
+(scheme 2, fused), torchao's Int4WeightOnlyConfig where torchao imports, and a probe with every
+linear replaced by an uninitialized output of its shape (the rest of the step: attention, norms, RoPE,
+SwiGLU, KV-cache writes, which bound any weight format's speed-up) - one run reports
 side by side: the decode step (one token) at batch 1 and 16, eager and
 ``torch.compile(mode="reduce-overhead")``; prefill of 2048 tokens at batch 1, eager and compiled;
 the weights' GPU memory; SQNR of the prefill output against the fp16 model. A second table: the
@@ -39,7 +41,27 @@ MODES = {
     "W8A8 per channel": W8A8ChannelConfig(),
     "W8A8 per K block": W8A8BlockConfig(block_size=128, path="fused"),
     "torchao int4 tinygemm bf16": "torchao",
+    "no linears (rest of the step)": "skip",
 }
+
+
+class NoLinear(nn.Module):
+    """The "no linears" probe: the layer's output shape, uninitialized (no kernel, no weight read), so the
+    row times everything of the step except the linears - what no weight format can shrink."""
+
+    def __init__(self, out_features: int):
+        super().__init__()
+        self.out_features = out_features
+
+    def forward(self, x):
+        return x.new_empty(*x.shape[:-1], self.out_features)
+
+
+def strip_linears(model: nn.Module) -> None:
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, NoLinear(child.out_features))
 
 
 class Attention(nn.Module):
@@ -116,6 +138,8 @@ def build(args, mode: str):
         from torchao.quantization import Int4WeightOnlyConfig, quantize_
         model = model.to(torch.bfloat16)
         quantize_(model, Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d"))
+    elif config == "skip":
+        strip_linears(model)
     elif config is not None:
         summary = cutlass_ops.quantize_(model, config)
         log.info("%s: %s", mode, summary)
@@ -209,6 +233,11 @@ def main():
                  f"mode=\"reduce-overhead\", fullgraph=True); prefill compiled = torch.compile(fullgraph=True). SQNR "
                  f"of the first {args.sqnr_tokens} prefill outputs against fp16. Targets (W4A16): decode b1 compiled "
                  f">= 2.5x fp16, prefill <= 1.1x fp16 (fp16 / mode >= 0.91x).", "", table(header, fmt), ""]
+        rest = next((r for r in rows if MODES[r[0]] == "skip"), None)
+        if rest and fp16:
+            lines += [f"Without its linears the step takes {rest[2]:.3f} ms at batch 1 (compiled), so no weight format "
+                      f"can make the b1 compiled step more than {fp16[2] / rest[2]:.2f}x faster than fp16 "
+                      f"({fp16[2]:.3f} ms); at batch 16, {fp16[4] / rest[4]:.2f}x.", ""]
         if host:
             lines += ["Host time of one eager M = 1 call (4096 x 4096, torch.no_grad), target <= 1.2x nn.Linear:", "",
                       table(["layer", "host us", "x nn.Linear"], [[n, f"{u:.1f}", f"{r:.2f}"] for n, u, r in host]),
@@ -244,7 +273,7 @@ def main():
             ref_out = out
         rows.append([mode, row["decode b1 eager"], row["decode b1 compiled"], row["decode b16 eager"],
                      row["decode b16 compiled"], row["prefill eager"], row["prefill compiled"], row["weights GiB"],
-                     row["sqnr"]])
+                     "-" if MODES[mode] == "skip" else row["sqnr"]])
         del model
         gc.collect()
         torch.cuda.empty_cache()

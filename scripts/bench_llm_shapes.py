@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _read_floor import read_floor_graph_us
 from _timing import Rotating, graph_us, table, write_report
 from bench_weight_only import copy_bandwidth, weight_bytes
 
@@ -106,15 +107,19 @@ def weight_copies(master: torch.Tensor, bits: int, l2: int) -> list:
     return [qw] + [clone() for _ in range(copies_for(weight_bytes(qw), l2) - 1)]
 
 
-def measure_shape(shape, args, l2: int, cc: int, results: dict, qbytes: dict) -> None:
+def measure_shape(shape, args, l2: int, cc: int, results: dict, qbytes: dict, reads: dict) -> None:
     """Time every (dtype, M) of one shape into results[(shape name, dtype, M)] = {"dense" | bits: us};
-    qbytes[(shape name, bits)] = packed weight + scale/offset bytes read per call."""
+    qbytes[(shape name, bits)] = packed weight + scale/offset bytes read per call; reads[(shape name, bits)] =
+    the bare read kernel's best us over those bytes, timed the same way (``_read_floor.read_floor_graph_us``)."""
     _, _, N, K = shape
     t0 = time.perf_counter()
     torch.cuda.reset_peak_memory_stats()
     master = torch.randn(N, K, device="cuda", dtype=torch.float16).mul_(0.02)
     qws = {bits: weight_copies(master, bits, l2) for bits in args.bits}
     qbytes.update({(name(shape), bits): weight_bytes(q[0]) for bits, q in qws.items()})
+    for bits, q in qws.items():
+        nbytes = weight_bytes(q[0])
+        reads[(name(shape), bits)] = read_floor_graph_us(nbytes, graph_us, copies_for(nbytes, l2))[0]
     torch.cuda.synchronize()
     log.info("%s %dx%d: quantized %s in %.1f s", name(shape), N, K, ", ".join(
         f"W{b} {len(q)} x {weight_bytes(q[0]) / 1e6:.1f} MB" for b, q in qws.items()), time.perf_counter() - t0)
@@ -153,7 +158,7 @@ def verdicts(M: int, bits: int, t: float, t1: float | None, dense: float, floor:
     return v
 
 
-def report(shapes, args, results: dict, qbytes: dict, bw: float, l2: int, failed: list) -> list[str]:
+def report(shapes, args, results: dict, qbytes: dict, reads: dict, bw: float, l2: int, failed: list) -> list[str]:
     """The markdown lines: header, the one table (rows with "!" where a target is missed), summary."""
     rows, met = [], {}  # met[(dtype, bits, target)][shape name] = every applicable row met it
     for shape in shapes:
@@ -167,7 +172,7 @@ def report(shapes, args, results: dict, qbytes: dict, bw: float, l2: int, failed
                 cells = {}
                 for bits in (4, 8):
                     if bits not in r:
-                        cells[bits] = ["-"] * 5
+                        cells[bits] = ["-"] * 6
                         continue
                     t, fl = r[bits], floor_us(qbytes[(name(shape), bits)], M, N, K, bw)
                     v = verdicts(M, bits, t, r1[bits] if r1 and M > 1 else None, r["dense"], fl)
@@ -177,19 +182,25 @@ def report(shapes, args, results: dict, qbytes: dict, bw: float, l2: int, failed
                     mark = lambda target: "!" if v.get(target) is False else ""  # noqa: E731
                     cells[bits] = [f"{t:.1f}", f"{fl:.1f}", f"{100 * fl / t:.0f}%{mark('bw')}",
                                    f"{r['dense'] / t:.2f}x{mark('fast')}",
-                                   f"{t / r1[bits]:.2f}{mark('flat')}" if r1 and M > 1 else "-"]
+                                   f"{t / r1[bits]:.2f}{mark('flat')}" if r1 and M > 1 else "-",
+                                   f"{reads[(name(shape), bits)]:.1f} ({100 * reads[(name(shape), bits)] / t:.0f}%)"
+                                   if M == 1 and (name(shape), bits) in reads else "-"]
                 c4, c8 = cells[4], cells[8]
                 rows.append([name(shape), f"{N} x {K}", dt, M, r["dense"], c4[0], c8[0], c4[1], c8[1],
-                             c4[2], c8[2], c4[3], c8[3], c4[4], c8[4]])
+                             c4[2], c8[2], c4[3], c8[3], c4[4], c8[4], c4[5], c8[5]])
     header = ["shape", "N x K", "dtype", "M", "cuBLAS us", "W4 us", "W8 us", "W4 floor us", "W8 floor us",
-              "W4 % BW", "W8 % BW", "W4 vs cuBLAS", "W8 vs cuBLAS", "W4 / M=1", "W8 / M=1"]
+              "W4 % BW", "W8 % BW", "W4 vs cuBLAS", "W8 vs cuBLAS", "W4 / M=1", "W8 / M=1",
+              "W4 read kernel us (% of it)", "W8 read kernel us (% of it)"]
     lines = [f"# Weight-only linear on Llama weight shapes, {torch.cuda.get_device_name()}", "",
              f"Copy bandwidth {bw / 1e12:.2f} TB/s (device to device, read + write), L2 {l2 / 2**20:.0f} MiB. Device "
              f"us per call: CUDA graphs of >= {MIN_REPS} calls (median of 10 replays), each rotating over enough "
              f"copies of the weight and x to read >= {ROTATE_L2}x L2. cuBLAS: `F.linear` with the dense weight in the "
              f"activation dtype; W4 / W8: `cutlass_ops.linear`, asymmetric minmax, block {GROUP}. floor: (packed "
              "weight + scale/offset words + x + y bytes) / copy BW; % BW: floor / time; vs cuBLAS: cuBLAS time / "
-             "time; / M=1: time / the same shape's M = 1 time in the same dtype."
+             "time; / M=1: time / the same shape's M = 1 time in the same dtype; read kernel (M = 1 rows): the best time of a "
+             "bare kernel that only reads the packed weight + scale/offset bytes (scripts/kernels/read_bandwidth.cu, "
+             "best of its launch shapes), timed the same way, and read kernel time / W time: what any GEMV reading "
+             "those bytes in one launch could reach, launch and ramp included."
              + (" Default dispatch with `GEMM_SMALL_M_DEFAULT` on (gemm_small_m for 9 <= M <= 64)."
                 if getattr(args, "gemm_small_m", False) else ""), "",
              "Targets (! marks a miss): " + "; ".join(TARGETS.values()) + ".", "",
@@ -244,11 +255,11 @@ def main() -> int:
     bw = copy_bandwidth()
     log.info("copy bandwidth %.2f TB/s, L2 %.0f MiB; %d shapes x M %s x %s x W%s", bw / 1e12, l2 / 2**20,
              len(shapes), args.M, args.dtypes, args.bits)
-    results, qbytes, failed = {}, {}, []
+    results, qbytes, reads, failed = {}, {}, {}, []
     with torch.inference_mode():
         for k, shape in enumerate(shapes):
             try:
-                measure_shape(shape, args, l2, 10 * major + minor, results, qbytes)
+                measure_shape(shape, args, l2, 10 * major + minor, results, qbytes, reads)
             except Exception as exc:  # report what was measured and go on with the next shape
                 log.exception("%s failed", name(shape))
                 failed.append(f"{name(shape)}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}")
@@ -256,7 +267,7 @@ def main() -> int:
             torch.cuda.empty_cache()
             last = k == len(shapes) - 1
             with contextlib.redirect_stdout(io.StringIO()) if not last else contextlib.nullcontext():
-                write_report(report(shapes, args, results, qbytes, bw, l2, failed), args.out,
+                write_report(report(shapes, args, results, qbytes, reads, bw, l2, failed), args.out,
                              "llm_shapes_gemm_small_m" if args.gemm_small_m else "llm_shapes")
     log.info("done: %d shapes in %.0f s%s", len(shapes), time.perf_counter() - start,
              f", {len(failed)} failed" if failed else "")

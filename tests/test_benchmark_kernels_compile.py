@@ -40,3 +40,12 @@ def test_wgmma_overlap_probe_rejects_an_unknown_promotion():
 def test_read_bandwidth_kernel_compiles(unroll):
     source = (SCRIPTS / "kernels" / "read_bandwidth.cu").read_text()
     assert _is_cubin(compile_source(source, "80", name="read_bandwidth.cu", defines={"UNROLL": unroll}).data)
+
+
+mma_probe = _load("probe_mma_sync")
+
+
+@pytest.mark.parametrize("arch", ("80", "90a"))
+@pytest.mark.parametrize("chains", mma_probe.CHAINS)
+def test_mma_sync_probe_compiles(arch, chains):
+    assert _is_cubin(mma_probe.build(chains, arch).data)

@@ -1,0 +1,143 @@
+"""The pure helpers of scripts/bench_conv.py and scripts/bench_int8_padding.py (no GPU): the layer
+set, block sizes, ratio cells, argument parsing; importing either script needs no GPU."""
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cutlass_ops.formats import quantize_conv_weight
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def _load(name: str):
+    if str(SCRIPTS) not in sys.path:  # the scripts import their sibling _timing
+        sys.path.insert(0, str(SCRIPTS))
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench_conv = _load("bench_conv")
+bench_pad = _load("bench_int8_padding")
+
+
+def test_resnet_shapes_are_the_distinct_anchor_layers():
+    shapes = bench_conv.resnet_shapes()
+    assert len(shapes) == len(set(shapes)) == 7
+    assert set(shapes) == {layer[1:] for layer in bench_conv.LAYERS}
+
+
+def test_layer_set_runs_every_shape_at_every_batch():
+    layers = bench_conv.layer_set([1, 32])
+    assert len(layers) == 2 * (7 + 1 + len(bench_conv.DEPTHWISE))
+    assert [layer.batch for layer in layers] == [1] * 10 + [32] * 10
+    kinds = [bench_conv.layer_kind(layer) for layer in layers[:10]]
+    assert kinds == ["ResNet-50"] * 7 + ["stem", "depthwise", "depthwise"]
+    stem = layers[7]
+    assert (stem.Ci, stem.H, stem.Co, stem.k, stem.stride, stem.groups, stem.K) == (3, 224, 64, 7, 2, 1, 147)
+    for dw in layers[8:10]:
+        assert dw.groups == dw.Ci == dw.Co and dw.K == dw.k * dw.k
+    assert {(dw.k, dw.Ci) for dw in layers[8:10]} == {(3, 128), (7, 96)}
+
+
+@pytest.mark.parametrize("K, requested, expected", [(576, 64, 64), (256, 64, 64), (147, 64, 49), (147, 128, 49),
+                                                    (147, 147, 147), (9, 64, 9), (49, 64, 49), (49, 32, 7)])
+def test_block_size_divides_K(K, requested, expected):
+    assert bench_conv.block_size_for(K, requested) == expected
+
+
+@pytest.mark.parametrize("shape, groups", [((64, 3, 7, 7), 1), ((128, 1, 3, 3), 128), ((96, 1, 7, 7), 96)])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_stem_and_depthwise_block_sizes_quantize(shape, groups, bits):
+    Co, Cg, k, _ = shape
+    layer = bench_conv.Layer(1, Cg * groups, 56, Co, k, 1, groups)
+    block = bench_conv.block_size_for(layer.K, 64)
+    qw = quantize_conv_weight(torch.randn(shape), bits=bits, block_size=block, symmetric=False)
+    assert qw.block_size == block and qw.K == layer.K and qw.conv_shape == (Co, k, k, Cg)
+
+
+def test_auto_strategy_of_the_layer_set():
+    strategies = {bench_conv.layer_kind(layer): set() for layer in bench_conv.layer_set([1])}
+    for layer in bench_conv.layer_set([1]):
+        strategies[bench_conv.layer_kind(layer)].add(
+            bench_conv.auto_strategy(layer, bench_conv.block_size_for(layer.K, 64)))
+    assert strategies == {"ResNet-50": {"igemm"}, "stem": {"direct"}, "depthwise": {"direct"}}
+
+
+def test_conv_ratio_cells_and_summary():
+    assert bench_conv.fmt_ratio(1.5) == "1.50x"
+    assert bench_conv.fmt_ratio(1.51) == "1.51x!"
+    assert bench_conv.fmt_ratio(None) == "-"
+    assert bench_conv.ratio_of(3.0, 2.0) == 1.5
+    assert bench_conv.ratio_of("refused: no", 2.0) is None
+    assert bench_conv.refusal(ValueError("a | b\nsecond line")) == "refused: a / b"
+    assert len(bench_conv.refusal(ValueError("x" * 300))) == len("refused: ") + 100
+    assert math.isclose(bench_conv.geomean([0.5, 2.0]), 1.0)
+    layers = bench_conv.layer_set([1])
+    results = [(layers[0], {"cudnn_nhwc": 10.0, "w4_nhwc": 20.0, "w8_nhwc": 9.0}),
+               (layers[7], {"cudnn_nhwc": 10.0, "w4_nhwc": "refused: x", "w8_nhwc": 9.0})]
+    w4, w8 = bench_conv.batch_summary(1, results)
+    assert "geometric mean 2.00x! over 1 layers" in w4 and "0/2" in w4 and "(2.00x)" in w4 and "refused or failed" in w4
+    assert "geometric mean 0.90x over 2 layers" in w8 and "2/2" in w8 and "missed" not in w8
+
+
+def test_conv_arguments():
+    args = bench_conv.parse_args([])
+    assert args.batches == [1, 32] and args.splits is None and args.block_size == 64 and args.out is None
+    assert bench_conv.parse_args(["--splits"]).splits == list(bench_conv.SPLITS)
+    args = bench_conv.parse_args(["--splits", "2", "4", "--batches", "8", "8", "1"])
+    assert args.splits == [2, 4] and args.batches == [8, 1]
+    for bad in (["--batches", "0"], ["--block-size", "0"], ["--splits", "0"]):
+        with pytest.raises(SystemExit):
+            bench_conv.parse_args(bad)
+
+
+def test_padding_helpers():
+    assert math.isclose(bench_pad.per_element_ratio(10.0, 1000, 10.0, 1024), 1.024)
+    assert math.isclose(bench_pad.per_element_ratio(12.0, 1024, 10.0, 1024), 1.2)
+    assert bench_pad.fmt_ratio(1.3) == "1.30x" and bench_pad.fmt_ratio(1.31) == "1.31x!"
+    assert bench_pad.fmt_ratio(float("nan")) == "-" and bench_pad.fmt_us(float("nan")) == "-"
+    l2 = 50 * 2 ** 20
+    assert bench_pad.copies_for(16 * 2 ** 20, l2) == 7
+    assert bench_pad.copies_for(2 ** 20, l2) == bench_pad.MAX_COPIES
+    assert bench_pad.copies_for(10 ** 9, l2) == 1
+
+
+@pytest.mark.parametrize("N, K, cc, element_D, expected", [
+    (1000, 4096, 90, "f16", "not padded"), (1000, 4096, 90, "s32", "not padded"), (1000, 4096, 90, "s8", "1008x4096"),
+    (257, 4096, 90, "f16", "264x4096"), (257, 4096, 90, "s32", "260x4096"), (257, 4096, 80, "s32", "264x4096"),
+    (1024, 4097, 90, "f16", "1024x4112"), (4096, 4096, 90, "s8", "not padded")])
+def test_padded_as(N, K, cc, element_D, expected):
+    assert bench_pad.padded_as(N, K, cc, element_D) == expected
+
+
+def test_every_case_pairs_an_unaligned_shape_with_an_aligned_one():
+    for _, (N, K), (N_ref, K_ref) in bench_pad.CASES:
+        assert K_ref % 16 == 0 and N_ref % 16 == 0
+        assert bench_pad.padded_as(N, K, 90, "s8") != "not padded"
+
+
+def test_padding_arguments():
+    args = bench_pad.parse_args([])
+    assert args.m == [1, 64, 1024] and args.ops == ["dequant_f16", "none_s32", "requant_s8"] and args.out is None
+    assert bench_pad.parse_args(["--m", "8", "8", "--ops", "none_s32"]).m == [8]
+    for bad in (["--m", "0"], ["--ops", "bogus"]):
+        with pytest.raises(SystemExit):
+            bench_pad.parse_args(bad)
+
+
+@pytest.mark.parametrize("script", ["bench_conv.py", "bench_int8_padding.py"])
+def test_help_needs_no_gpu(script):
+    import subprocess
+
+    proc = subprocess.run([sys.executable, str(SCRIPTS / script), "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage:" in proc.stdout
