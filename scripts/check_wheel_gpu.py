@@ -178,7 +178,7 @@ def _cases(torch, ops):
         x = torch.randn(1, 64, 28, 28).half().cuda()
         return lambda: module(x)
 
-    cases = [("quantize_weight (int4, CUDA tensor; torch only)", quantize_weight)]
+    cases = [("quantize_weight (int4, CUDA tensor)", quantize_weight)]
     for bits in (4, 8):
         for M in (1, 64):
             cases.append((f"linear W{bits}A16 M={M}", linear(bits, M)))
