@@ -320,8 +320,8 @@ def _kernel_weight(qweight, scale, offset, bits: int, block_size: int, N: int, K
 
 def _pack(q: torch.Tensor, bits: int, K_packed: int | None = None) -> torch.Tensor:
     """q [N, K] as stored: int8, or int4 packed after padding the rows with q = 0 up to ``K_packed``."""
-    if bits == 8:
-        return q.to(torch.int8)
+    if bits == 8:  # contiguous: a transposed w's q keeps w's strides through the elementwise ops
+        return q.to(torch.int8).contiguous()
     if K_packed is not None and K_packed != q.shape[1]:
         q = torch.nn.functional.pad(q, (0, K_packed - q.shape[1]))
     return pack_int4(q, "interleaved")

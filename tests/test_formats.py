@@ -367,3 +367,15 @@ def test_requant_params_hand_example():
     assert M2.tolist() == [1.0, 1.0] and fb2.tolist() == [0.0, 0.0]
     with pytest.raises(ValueError, match="S_W"):
         requant_params(0.5, 0, torch.ones(3), W_q, None, 0.125, 0)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("block_size", [None, 32])
+def test_quantize_weight_of_a_transposed_view(bits, block_size):
+    """A non-contiguous w (a transposed view) quantizes to a contiguous qweight equal to that of w.contiguous()."""
+    w = torch.randn(128, 64, generator=torch.Generator().manual_seed(3)).t()
+    qw = quantize_weight(w, bits=bits, block_size=block_size)
+    ref = quantize_weight(w.contiguous(), bits=bits, block_size=block_size)
+    assert qw.qweight.is_contiguous()
+    assert torch.equal(qw.qweight, ref.qweight) and torch.equal(qw.scale, ref.scale)
+    assert torch.equal(qw.offset, ref.offset)
