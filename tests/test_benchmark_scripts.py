@@ -141,3 +141,44 @@ def test_help_needs_no_gpu(script):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "usage:" in proc.stdout
+
+
+# --- profile_decode.py --------------------------------------------------------------------------
+
+class _Range:
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+
+class _Kernel:
+    """The fields of a torch.profiler FunctionEvent that profile_decode reads."""
+
+    def __init__(self, name, start, end):
+        self.name, self.time_range, self.device_time_total = name, _Range(start, end), end - start
+        self.device_type = type("DeviceType", (), {"name": "CUDA"})()
+
+
+def test_profile_decode_classifies_kernels():
+    pd = _load("profile_decode")
+    assert pd.kernel_class("gemv_mma_mt1") == "ours: weight-only"
+    assert pd.kernel_class("gemm_small_m_mt8") == "ours: weight-only"
+    assert pd.kernel_class("splitk_reduce") == "ours: split-K reduction"
+    assert pd.kernel_class("triton_poi_fused_add_mul_0") == "inductor (triton)"
+    assert pd.kernel_class("void pytorch_flash::flash_fwd_splitkv_kernel<...>") == "attention"
+    assert pd.kernel_class("nvjet_hsh_64x8_64x16_2x1_v_bz_splitK_TNT") == "cuBLAS"
+    assert pd.kernel_class("void at::native::elementwise_kernel<...>") == "other torch"
+
+
+def test_profile_decode_splits_replays_and_sums_gaps():
+    pd = _load("profile_decode")
+    # two replays of the same three kernels: 10 us busy each, gaps 1 + 2 us, wall 13 us
+    events = []
+    for t0 in (0.0, 100.0):
+        events += [_Kernel("gemv_mma_mt1", t0, t0 + 5), _Kernel("splitk_reduce", t0 + 6, t0 + 8),
+                   _Kernel("triton_poi_fused_0", t0 + 10, t0 + 13)]
+    groups = pd.step_events(events, 2)
+    assert [len(g) for g in groups] == [3, 3]
+    stats, rows = pd.summarize(groups)
+    assert stats == {"wall": 13.0, "busy": 10.0, "gaps": 3.0, "kernels": 3}
+    assert rows[0] == ("ours: weight-only", "gemv_mma_mt1", 1.0, 5.0)
+    assert {r[1] for r in rows} == {"gemv_mma_mt1", "splitk_reduce", "triton_poi_fused_0"}
