@@ -17,23 +17,6 @@ namespace quant {
 
 constexpr int kMaxWarps = 8;  // QuantA blocks have at most 256 threads
 
-// Whole-warp reductions by butterfly shuffles: every lane ends with the result.
-__device__ __forceinline__ float warp_min(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ int warp_sum(int v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // The block's scale and offset from its min and max (zero range: scale 1, offset max, so q = 0
 // reproduces max exactly). One IEEE-rounded op each, as in the reference.
 __device__ __forceinline__ void block_params(float mn, float mx, float& sc, float& of) {

@@ -65,12 +65,6 @@ template <> struct Vec16<__nv_bfloat16> {
 // |v| as its bit pattern: an unsigned max of these is the exact amax, NaN-propagating (fmaxf would drop NaN).
 __device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
 
-__device__ __forceinline__ unsigned warp_max(unsigned v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
 // torch's A_q of one element: round(x / s), clamp to [-127, 127], cast to int8. __float2int_rz is
 // cvt.rzi.s32.f32, torch's cast: exact on the integer rint gives, saturating past int32 and 0 for NaN,
 // so clamping the int afterwards is torch's float clamp (which passes NaN) before its cast.

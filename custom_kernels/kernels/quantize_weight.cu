@@ -47,28 +47,6 @@ template <> __device__ __forceinline__ double to_double<__nv_bfloat16>(__nv_bflo
   return static_cast<double>(__bfloat162float(v));
 }
 
-// Whole-warp reductions by butterfly shuffles: every lane ends with the result.
-__device__ __forceinline__ double warp_max(double v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ double warp_min(double v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmin(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ int warp_min(int v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ int warp_or(int v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v |= __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // Element (n, k) of W in the stored K order (see the header), as float64 (exact for every input type).
 template <typename T>
 struct Rows {
