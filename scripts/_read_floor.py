@@ -48,9 +48,13 @@ def empty_kernel_us(bench_us) -> float:
     return bench_us(lambda: launch(), rep_ms=30)
 
 
-def read_floor_us(nbytes: int, bench_us, copies: int = 3) -> tuple[float, int, int]:
-    """(best us, blocks per SM, UNROLL) over the launch shapes, reading ``nbytes`` once per call
-    (``copies`` buffers rotated, so nothing stays in L2)."""
+def read_floor_us(nbytes: int, time_us, copies: int = 3) -> tuple[float, int, int]:
+    """(best us, blocks per SM, UNROLL) over the launch shapes, reading ``nbytes`` once per call, each shape
+    timed by ``time_us(call)`` with ``call`` rotating over ``copies`` buffers (``_timing.Rotating``, so nothing
+    stays in L2; captured in a CUDA graph, its launches keep the rotation): e.g. ``lambda f: bench_us(f,
+    rep_ms=30)``, or ``_timing.graph_us`` to time the floor as the weight-only benchmarks time a GEMV."""
+    from _timing import Rotating
+
     sm = torch.cuda.get_device_properties(0).multi_processor_count
     sink = torch.zeros(256 * max(BLOCKS_PER_SM) * sm, dtype=torch.int32, device="cuda")
     words = nbytes // 16
@@ -60,29 +64,6 @@ def read_floor_us(nbytes: int, bench_us, copies: int = 3) -> tuple[float, int, i
     for unroll in UNROLLS:
         for per_sm in BLOCKS_PER_SM:
             launch = _launch(unroll, per_sm * sm, pointers[0], words, sink)
-            i = [0]
-
-            def run(launch=launch):
-                i[0] = (i[0] + 1) % copies
-                launch(src=pointers[i[0]])
-            best = min(best, (bench_us(run, rep_ms=30), per_sm, unroll))
-    return best
-
-
-def read_floor_graph_us(nbytes: int, graph_us, copies: int) -> tuple[float, int, int]:
-    """:func:`read_floor_us` timed as the weight-only benchmarks time a GEMV: ``graph_us`` of a CUDA graph
-    whose launches rotate over ``copies`` buffers (``_timing.Rotating``), so the floor carries the same
-    launch gaps and ramp as the kernel it bounds. (best us, blocks per SM, UNROLL)."""
-    from _timing import Rotating
-
-    sm = torch.cuda.get_device_properties(0).multi_processor_count
-    sink = torch.zeros(256 * max(BLOCKS_PER_SM) * sm, dtype=torch.int32, device="cuda")
-    words = nbytes // 16
-    buffers = [torch.empty(words * 16, dtype=torch.uint8, device="cuda") for _ in range(copies)]
-    best = (float("inf"), 0, 0)
-    for unroll in UNROLLS:
-        for per_sm in BLOCKS_PER_SM:
-            launch = _launch(unroll, per_sm * sm, buffers[0].data_ptr(), words, sink)
-            call = Rotating(lambda i, launch=launch: launch(src=buffers[i].data_ptr()), copies)
-            best = min(best, (graph_us(call, reps=copies * max(1, 60 // copies)), per_sm, unroll))
+            call = Rotating(lambda i, launch=launch: launch(src=pointers[i]), copies)
+            best = min(best, (time_us(call), per_sm, unroll))
     return best

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from _read_floor import read_floor_graph_us
+from _read_floor import read_floor_us
 from _timing import Rotating, graph_us, table, write_report
 from bench_weight_only import copy_bandwidth, weight_bytes
 
@@ -110,7 +110,7 @@ def weight_copies(master: torch.Tensor, bits: int, l2: int) -> list:
 def measure_shape(shape, args, l2: int, cc: int, results: dict, qbytes: dict, reads: dict) -> None:
     """Time every (dtype, M) of one shape into results[(shape name, dtype, M)] = {"dense" | bits: us};
     qbytes[(shape name, bits)] = packed weight + scale/offset bytes read per call; reads[(shape name, bits)] =
-    the bare read kernel's best us over those bytes, timed the same way (``_read_floor.read_floor_graph_us``)."""
+    the bare read kernel's best us over those bytes, timed the same way (``_read_floor.read_floor_us`` with graph_us)."""
     _, _, N, K = shape
     t0 = time.perf_counter()
     torch.cuda.reset_peak_memory_stats()
@@ -119,7 +119,9 @@ def measure_shape(shape, args, l2: int, cc: int, results: dict, qbytes: dict, re
     qbytes.update({(name(shape), bits): weight_bytes(q[0]) for bits, q in qws.items()})
     for bits, q in qws.items():
         nbytes = weight_bytes(q[0])
-        reads[(name(shape), bits)] = read_floor_graph_us(nbytes, graph_us, copies_for(nbytes, l2))[0]
+        copies = copies_for(nbytes, l2)
+        reps = copies * math.ceil(MIN_REPS / copies)  # as rotated_us times the GEMVs
+        reads[(name(shape), bits)] = read_floor_us(nbytes, lambda call: graph_us(call, reps=reps), copies)[0]
     torch.cuda.synchronize()
     log.info("%s %dx%d: quantized %s in %.1f s", name(shape), N, K, ", ".join(
         f"W{b} {len(q)} x {weight_bytes(q[0]) / 1e6:.1f} MB" for b, q in qws.items()), time.perf_counter() - t0)

@@ -118,7 +118,7 @@ def main() -> int:
         if tg_problem:
             lines.append(f"tinygemm unavailable: {tg_problem}")
             lines.append("")
-        floor_us, _, _ = read_floor_us(weight_bytes(qw4[0]) // 16 * 16, bench_us)
+        floor_us, _, _ = read_floor_us(weight_bytes(qw4[0]) // 16 * 16, lambda f: bench_us(f, rep_ms=30))
         lines.append(f"Streaming-read floor of the W4A16 weight + scale bytes ({weight_bytes(qw4[0]) / 1e6:.1f} MB): "
                      f"{floor_us:.1f} us = {100 * weight_bytes(qw4[0]) / (floor_us * 1e-6) / bw:.0f}% of copy "
                      f"bandwidth (a bare kernel that only reads them, launch included; scripts/_read_floor.py).")
