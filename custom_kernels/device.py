@@ -15,7 +15,7 @@ import torch
 from cuda.bindings import driver
 
 __all__ = ["CudaDriverError", "check", "current_device", "raw_stream", "capability", "sm_count",
-           "smem_limits", "target_arch", "ensure_context", "on_device"]
+           "smem_limits", "target_arch", "ensure_context", "retry_in_context", "on_device"]
 
 
 class CudaDriverError(RuntimeError):
@@ -99,6 +99,18 @@ def ensure_context(device: int) -> None:
     current = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
     if current is None or int(current) != int(ctx):
         check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+def retry_in_context(err, device: int, launch):
+    """``launch()``'s result after binding ``device``'s primary context when ``err`` (a failed launch's
+    CUresult, or its int value) says no context is current on this thread; ``err`` itself otherwise.
+    Modules are loaded (and the context made current) on the thread of their first use; a thread whose
+    first CUDA work is a later launch of ours has none yet (autograd's device threads: torch binds it there
+    only at its first runtime call, which may come after ours)."""
+    if err != driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+        return err
+    ensure_context(device)
+    return launch()
 
 
 def on_device(device) -> contextlib.AbstractContextManager:

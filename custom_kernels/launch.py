@@ -35,7 +35,7 @@ from typing import Any, Mapping
 
 from cuda.bindings import driver
 
-from .device import CudaDriverError, check, current_device, ensure_context, raw_stream, target_arch
+from .device import CudaDriverError, check, current_device, ensure_context, raw_stream, retry_in_context, target_arch
 
 __all__ = [
     "CudaDriverError", "check", "Module", "Kernel", "load_kernel", "KernelArgs", "Ptr", "I32", "U32", "I64", "F32",
@@ -293,13 +293,9 @@ class LaunchShape:
             self.function, *self.grid, *self.block, self.smem, stream, kernel_params, 0)[0]
         if err == driver.CUresult.CUDA_SUCCESS:
             return
-        if err == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
-            # A thread where no CUDA context is current yet (autograd's device threads: torch binds the
-            # primary context there only at its first runtime call, which may come after ours): bind it, retry.
-            ensure_context(self.device)
-            err = self._launch(stream, kernel_params)
-            if err == driver.CUresult.CUDA_SUCCESS:
-                return
+        err = retry_in_context(err, self.device, lambda: self._launch(stream, kernel_params))
+        if err == driver.CUresult.CUDA_SUCCESS:
+            return
         check((err,), f"cuLaunchKernel({self.name}, grid={self.grid}, block={self.block}, smem={self.smem}, "
                       f"cluster={self.cluster}, pdl={self.pdl})")
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from custom_kernels import host_ext
-from custom_kernels.device import check, ensure_context, raw_stream
+from custom_kernels.device import check, raw_stream, retry_in_context
 
 from .kernel import GemmKernel
 
@@ -54,10 +54,8 @@ class FastPath:
         if D.__class__ is int:  # the launch failed: decode the CUresult
             from cuda.bindings import driver
 
-            if D == driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
-                # no context current on this thread yet (as in launch.LaunchShape.launch): bind it, retry once
-                ensure_context(device)
-                D = self._ext.run(self._id, A, B, device, out, inputs, raw_stream(device), need_finite)
+            D = retry_in_context(D, device, lambda: self._ext.run(self._id, A, B, device, out, inputs,
+                                                                  raw_stream(device), need_finite))
             if D.__class__ is int:
                 check((driver.CUresult(D),), f"cuLaunchKernelEx({self._kernel.name})")
         return D
