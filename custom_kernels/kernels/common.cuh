@@ -32,7 +32,6 @@ __device__ __forceinline__ float apply_activation(float v, int act) {
   return v;
 }
 
-// Element <-> float conversion for the three activation types.
 // Whole-warp butterfly reductions (all 32 lanes take part): every lane ends with the result. Floating
 // min / max are fminf / fmaxf (fmin / fmax in double): a NaN lane is dropped unless all lanes are NaN.
 template <typename T, typename Op>
@@ -41,10 +40,18 @@ __device__ __forceinline__ T warp_reduce(T v, Op op) {
   for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-__device__ __forceinline__ float warp_min(float v) { return warp_reduce(v, [](float a, float b) { return fminf(a, b); }); }
-__device__ __forceinline__ float warp_max(float v) { return warp_reduce(v, [](float a, float b) { return fmaxf(a, b); }); }
-__device__ __forceinline__ double warp_min(double v) { return warp_reduce(v, [](double a, double b) { return fmin(a, b); }); }
-__device__ __forceinline__ double warp_max(double v) { return warp_reduce(v, [](double a, double b) { return fmax(a, b); }); }
+__device__ __forceinline__ float warp_min(float v) {
+  return warp_reduce(v, [](float a, float b) { return fminf(a, b); });
+}
+__device__ __forceinline__ float warp_max(float v) {
+  return warp_reduce(v, [](float a, float b) { return fmaxf(a, b); });
+}
+__device__ __forceinline__ double warp_min(double v) {
+  return warp_reduce(v, [](double a, double b) { return fmin(a, b); });
+}
+__device__ __forceinline__ double warp_max(double v) {
+  return warp_reduce(v, [](double a, double b) { return fmax(a, b); });
+}
 __device__ __forceinline__ int warp_min(int v) { return warp_reduce(v, [](int a, int b) { return min(a, b); }); }
 __device__ __forceinline__ unsigned warp_max(unsigned v) {
   return warp_reduce(v, [](unsigned a, unsigned b) { return max(a, b); });
@@ -52,6 +59,7 @@ __device__ __forceinline__ unsigned warp_max(unsigned v) {
 __device__ __forceinline__ int warp_sum(int v) { return warp_reduce(v, [](int a, int b) { return a + b; }); }
 __device__ __forceinline__ int warp_or(int v) { return warp_reduce(v, [](int a, int b) { return a | b; }); }
 
+// Element <-> float conversion for the three activation types.
 template <typename T> __device__ __forceinline__ float to_float(T v);
 template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
