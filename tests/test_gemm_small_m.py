@@ -19,12 +19,12 @@ import pytest
 import torch
 
 from custom_kernels import compile_file
-from custom_kernels.cuda_paths import cuda_include_dirs, nvcc_path
 from custom_kernels.nvrtc import KERNEL_DIR
 from cutlass_ops import weight_only as wo
 from cutlass_ops.formats import quantize_weight
 from cutlass_ops.weight_only import dispatch, gemm_small_m, variants
 from cutlass_ops.weight_only.variants import GemmSmallMConfig
+from _nvcc import nvcc_cubin
 
 SOURCE = "gemm_small_m.cu"
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,12 +79,8 @@ def test_nvrtc_builds_every_variant(build):
 
 
 def test_plain_nvcc_builds(tmp_path):
-    out = tmp_path / "gemm_small_m.cubin"
-    cmd = [nvcc_path(), "-std=c++17", "-arch=sm_80", "-cubin", "-o", str(out), f"-I{KERNEL_DIR}",
-           *[f"-I{d}" for d in cuda_include_dirs()], str(KERNEL_DIR / SOURCE)]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert all(_has(out.read_bytes(), e) for e in _entries(GemmSmallMConfig()))
+    cubin = nvcc_cubin(SOURCE, tmp_path)
+    assert all(_has(cubin, e) for e in _entries(GemmSmallMConfig()))
 
 
 # --------------------------------------------------------------------------------------------

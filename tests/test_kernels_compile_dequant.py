@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 
 import pytest
 import torch
 
 from custom_kernels import compile_file
-from custom_kernels.cuda_paths import cuda_include_dirs, nvcc_path
 from custom_kernels.nvrtc import KERNEL_DIR
 from cutlass_ops.formats import quantize_weight
 from cutlass_ops import weight_only as wo
 from cutlass_ops.weight_only import dequant_cublas, dispatch, gemm_mma, gemv_dp4a, variants
+from _nvcc import nvcc_cubin
 
 GEMV_STREAM = [f"gemv_stream_m{m}" for m in range(1, 9)]
 ELEMENT_BITS = [(e, b) for e in (0, 1, 2) for b in (4, 8)]
@@ -60,12 +59,8 @@ def test_gemv_stream_entries_other_widths(element, bits):
 
 @pytest.mark.parametrize("name, entries", [("dequant_weight.cu", ["dequant_weight"]), ("gemv_stream.cu", GEMV_STREAM)])
 def test_plain_nvcc_builds(name, entries, tmp_path):
-    out = tmp_path / (name + ".cubin")
-    cmd = [nvcc_path(), "-std=c++17", "-arch=sm_80", "-cubin", "-o", str(out), f"-I{KERNEL_DIR}",
-           *[f"-I{d}" for d in cuda_include_dirs()], str(KERNEL_DIR / name)]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert all(_has(out.read_bytes(), e) for e in entries)
+    cubin = nvcc_cubin(name, tmp_path)
+    assert all(_has(cubin, e) for e in entries)
 
 
 def _constant(filename: str, name: str) -> int:

@@ -3,7 +3,6 @@ and sm_90a, the build keeps the IEEE arithmetic the bit-exactness rests on, the 
 and the kernel's arithmetic, replayed in torch ops, is ``quantize_per_token_reference``'s."""
 from __future__ import annotations
 
-import subprocess
 
 import pytest
 import torch
@@ -13,6 +12,7 @@ from custom_kernels.cuda_paths import cuda_include_dirs, nvcc_path
 from cutlass_ops.torch_ops import quantize_per_token, quantize_per_token_reference
 from cutlass_ops.w8a8 import quant_token
 from cutlass_ops.w8a8.quant_token import SOURCE, quant_token_kernels, quantize_per_token_gpu, warps_per_row
+from _nvcc import nvcc_cubin
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TAGS = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -71,15 +71,10 @@ def test_build_keeps_ieee_division_and_torch_rounding(arch):
 
 def test_plain_nvcc_builds_sm80(tmp_path):
     try:
-        nvcc = nvcc_path()
+        nvcc_path()
     except RuntimeError:
         pytest.skip("nvcc is not installed")
-    out = tmp_path / "quant_token.cubin"
-    cmd = [nvcc, "-std=c++17", "-arch=sm_80", "-cubin", "-o", str(out), f"-I{nvrtc.KERNEL_DIR}",
-           *[f"-I{d}" for d in cuda_include_dirs()], str(nvrtc.kernel_path(SOURCE))]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert _is_cubin(out.read_bytes())
+    assert _is_cubin(nvcc_cubin(SOURCE, tmp_path))
 
 
 def test_warps_per_row():

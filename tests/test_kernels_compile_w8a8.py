@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from custom_kernels import nvrtc
-from custom_kernels.cuda_paths import cuda_include_dirs, nvcc_path
+from custom_kernels.cuda_paths import nvcc_path
 from cutlass_ops.formats import QuantizedWeight, quantize_activation_reference
 from cutlass_ops import plan_cache
 from cutlass_ops.w8a8 import fused as w8a8_fused
 from cutlass_ops.w8a8 import tiles
 from cutlass_ops.w8a8.fused import linear_w8a8_fused, prepare_weight_w8a8, quantize_activation_torch
 from cutlass_ops.w8a8.tiles import BLOCK_SIZES, KERNEL_FILE, TILE_CONFIGS, TileConfig
+from _nvcc import nvcc_cubin
 
 
 def _is_cubin(data: bytes) -> bool:
@@ -76,15 +77,10 @@ def test_bad_block_size_is_a_compile_error():
 
 def test_plain_nvcc_builds_sm80(tmp_path):
     try:
-        nvcc = nvcc_path()
+        nvcc_path()
     except RuntimeError:
         pytest.skip("nvcc is not installed")
-    out = tmp_path / "w8a8.cubin"
-    cmd = [nvcc, "-std=c++17", "-arch=sm_80", "-cubin", "-o", str(out), f"-I{nvrtc.KERNEL_DIR}",
-           *[f"-I{d}" for d in cuda_include_dirs()], str(nvrtc.kernel_path(KERNEL_FILE))]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert _is_cubin(out.read_bytes())
+    assert _is_cubin(nvcc_cubin(KERNEL_FILE, tmp_path))
 
 
 def test_smem_formula_matches_the_kernel_header():
