@@ -90,14 +90,14 @@ def precompile(bits_list, arch: str, jobs: int) -> None:
 
 def precompile_small_m(bits_list, element: int, arch: str, jobs: int) -> None:
     """gemm_small_m.cu per variant, gemv_mma.cu's default variants and splitk_reduce.cu, in parallel."""
-    from cutlass_ops.weight_only import SMALL_M_INT4_GEMV_MMA, GemvMmaConfig
+    from cutlass_ops.weight_only import SMALL_M_GEMV_MMA, GemvMmaConfig
 
     modules = {("splitk_reduce.cu", (("WO_ELEMENT", element),))}
     for bits in bits_list:
         base = {"WO_BITS": bits, "WO_ELEMENT": element}
         for _, cfg in small_m_configs():
             modules.add(("gemm_small_m.cu", tuple(sorted(dict(base, **cfg.defines()).items()))))
-        for cfg in (GemvMmaConfig(), SMALL_M_INT4_GEMV_MMA):
+        for cfg in (GemvMmaConfig(), SMALL_M_GEMV_MMA):
             modules.add(("gemv_mma.cu", tuple(sorted(dict(base, **cfg.defines()).items()))))
     with ProcessPoolExecutor(jobs) as pool:
         for _ in pool.map(_compile, [(f, d, arch) for f, d in sorted(modules)]):

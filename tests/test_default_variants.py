@@ -129,12 +129,14 @@ def test_the_grid_reaches_every_enumerated_module(arch, grid_loads):
 
 def test_issue_21_first_calls_are_shipped():
     """The two first calls scripts/check_wheel_gpu.py saw compile on an H100."""
-    from cutlass_ops.weight_only import SMALL_M_INT4_GEMV_MMA
+    from cutlass_ops.weight_only import SMALL_M_GEMV_MMA
     from cutlass_ops.w8a8.tiles import TILE_CONFIGS
 
     modules = dv.default_modules("90")  # "90" is the runtime's sm_90a
     w4 = _weight(4, 1024, 1024, 128)
-    gemv = ("gemv_mma.cu", tuple(sorted({"WO_ELEMENT": 0, "WO_BITS": 4, **SMALL_M_INT4_GEMV_MMA.defines()}.items())))
+    # on Hopper the GEMV is launched as a programmatic dependent (CUTLASS_OPS_PDL, default on): WO_PDL_WAIT
+    gemv = ("gemv_mma.cu", tuple(sorted({"WO_ELEMENT": 0, "WO_BITS": 4, "WO_PDL_WAIT": 1,
+                                         **SMALL_M_GEMV_MMA.defines()}.items())))
     assert {u.module for u in dv.linear_kernels(1, torch.float16, w4, 90)} >= {gemv}
     assert gemv in modules and "gemv_mma_mt1" in modules[gemv]
     fused = ("w8a8_kblock_fused.cu", tuple(sorted(TILE_CONFIGS["M"].defines(128).items())))
@@ -148,7 +150,11 @@ def test_sm90a_set_and_the_others():
     assert {"gather_k.cu", "w8a8_kblock_wgmma.cu"} <= files90  # act-order PDL plan, Hopper wgmma tiles
     assert not {"gather_k.cu", "w8a8_kblock_wgmma.cu"} & {f for f, _ in m80}
     assert not {"gemv_mma.cu", "gemm_mma.cu", "conv_igemm.cu", "splitk_reduce.cu"} & {f for f, _ in m75}  # sm_80+
-    assert set(m80) < set(m90)
+    # sm_90a: the same modules, the GEMV built as a programmatic dependent (WO_PDL_WAIT), and its own
+    pdl = {(f, tuple(sorted({**dict(d), "WO_PDL_WAIT": 1}.items()))) if f == "gemv_mma.cu" else (f, d) for f, d in m80}
+    assert pdl < set(m90)
+    assert not any(f == "gemv_mma.cu" and "WO_PDL_WAIT" not in dict(d) for f, d in m90)
+    assert set(dv.default_modules("90a", pdl=False)) > set(m80)  # CUTLASS_OPS_PDL=0: the plain GEMVs
     # a mma.sync W8A8 tile per block size that fits in shared memory, the wgmma ones on sm_90a only
     assert dv.default_modules("86") == m80 == dv.default_modules("sm_89")
 

@@ -6,9 +6,12 @@
 // 16 int8 K elements of one row) that bypass L1, where the re-read activations live.
 //
 // Compile-time choice (NVRTC defines): WO_ELEMENT 0 = half, 1 = bfloat16, 2 = float (the
-// activation / output type), WO_BITS 4 or 8, WO_PDL_WAIT 1 = launched as the programmatic dependent of
-// the act-order gather (gather_k.cu, which writes A): each warp issues its first weight loads, then
-// waits for that kernel (griddepcontrol.wait) before it reads A, so the gather overlaps the weight stream.
+// activation / output type), WO_BITS 4 or 8, WO_PDL_WAIT 1 = launched as a programmatic dependent (sm_90+):
+// of the previous kernel in the stream, or of the act-order gather (gather_k.cu, which writes A). Each
+// warp issues its first weight loads (the weights are no kernel's output), then waits for that kernel
+// (griddepcontrol.wait) before it reads A or writes anything, so the weight stream starts while the
+// previous kernel drains; after its wait each warp lets the next kernel launch (launch_dependents), so a
+// following GEMV's first weight loads fill this grid's tail.
 //
 // Entry points:
 //   gemv_mma_mt{1,2,4,8}  half / bf16 only, sm_80+: tensor cores with the operands swapped,
@@ -60,12 +63,14 @@ constexpr int kGemvUnroll = GEMV_MMA_UNROLL;       // warp trips whose weight lo
 // block interleave their trips over the block's K range.
 
 #if WO_PDL_WAIT
-// A after griddepcontrol.wait: a coherent load in an asm volatile, which the compiler keeps below the
-// (volatile) wait; __ldg's loads are marked invariant and were hoisted above it (wrong activations, seen
-// on an H100). No "memory" clobber: that serialised every activation load (+44% at M = 1).
+// A after griddepcontrol.wait: a coherent ld.global (the non-coherent __ldg path returned the previous
+// kernel's stale activations on an H100 even with its address computed below the wait). The asm is not
+// volatile, so the loads of a trip can still be batched and scheduled freely; its address comes through
+// the volatile asm after the wait, which keeps it below the wait (a volatile load per vector cost
+// 0.4-0.6 us on a 7 us GEMV).
 __device__ __forceinline__ uint4 load_after_wait(const uint4* p) {
   uint4 v;
-  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 }
 #endif
@@ -175,6 +180,10 @@ __device__ __forceinline__ void gemv_finish(float (&acc)[kRowTiles][kMTiles][4],
   }
   if (warp != 0) return;
 
+#if WO_PDL_WAIT && __CUDA_ARCH__ >= 900
+  // Warp 0 has waited in its first trip; again here so no path writes D before the previous kernel ends.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   store_accumulators<T, kRowTiles, kMTiles>(acc, n_block, g, t, bias, D, workspace, M, N, act);
 }
 
@@ -199,7 +208,7 @@ __device__ __forceinline__ void gemv_mma(const T* __restrict__ A, const uint8_t*
   const int n_block = blockIdx.x * (16 * kRowTiles);
   const int c_begin = blockIdx.y * chunks_per_split;
   const int c_end = min(K / (128 / kBits), c_begin + chunks_per_split);
-  const GemvRows<T, kBits, kMTiles, kRowTiles> rows(A, B, scale_offset, M, N, K, G, n_block, g);
+  GemvRows<T, kBits, kMTiles, kRowTiles> rows(A, B, scale_offset, M, N, K, G, n_block, g);
   float acc[kRowTiles][kMTiles][4];
   zero(acc);
 
@@ -222,7 +231,18 @@ __device__ __forceinline__ void gemv_mma(const T* __restrict__ A, const uint8_t*
 #if WO_PDL_WAIT && __CUDA_ARCH__ >= 900
     // A is written by the kernel this one depends on: wait for it once, after the first weight loads
     // are in flight (a no-op when not launched as a programmatic dependent).
-    if (c0 == c_begin + 4 * warp) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (c0 == c_begin + 4 * warp) {
+      asm volatile("griddepcontrol.wait;" ::: "memory");
+      // Only now may the next kernel launch (a trigger before the wait chained every GEMV of a CUDA graph
+      // into waiting blocks that held the SMs: 4096 x 14336 W4 M = 1 25.0 us vs 18.7 without PDL).
+      asm volatile("griddepcontrol.launch_dependents;");
+    }
+#endif
+#if WO_PDL_WAIT
+    // A is read through pointers passed through an empty volatile asm below the wait, so no load of A is
+    // hoisted above it (load_after_wait).
+#pragma unroll
+    for (int i = 0; i < kMTiles; ++i) asm volatile("" : "+l"(rows.a_row[i]));
 #endif
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {

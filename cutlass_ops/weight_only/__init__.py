@@ -67,18 +67,18 @@ from .gemm_mma import GemmMmaPlan, gemm_mma_smem
 from .gemm_simt import GemmSimtPlan
 from .gemm_small_m import GemmSmallMPlan
 from .gemv_dp4a import GemvDp4aPlan
-from .gemv_mma import GemvMmaGatherPlan, GemvMmaPlan
+from .gemv_mma import GemvMmaGatherPlan, GemvMmaPdlPlan, GemvMmaPlan
 from .gemv_simt import GemvSimtPlan
 from .gemv_stream import GemvStreamPlan
 from .shared import ELEMENT, block_shift, pack_scale_offset
 from .variants import (
-    GEMM_CONFIGS, SMALL_M_INT4_GEMV_MMA, GemmConfig, GemmSmallMConfig, GemvMmaConfig, SmallMShape, StreamConfig,
+    GEMM_CONFIGS, SMALL_M_GEMV_MMA, GemmConfig, GemmSmallMConfig, GemvMmaConfig, SmallMShape, StreamConfig,
     StreamShape, default_gemm_config, default_gemm_small_m_config, default_gemv_mma_config, gemm_small_m_smem,
     small_m_launch_shape, stream_launch_shape,
 )
 
 __all__ = ["STRATEGIES", "GEMV_MMA_MAX_M", "DEQUANT_CUBLAS_MIN_M", "SMALL_M_GEMV", "PLANS", "GemmConfig",
-           "GEMM_CONFIGS", "GemvMmaConfig", "SMALL_M_INT4_GEMV_MMA", "StreamConfig", "StreamShape",
+           "GEMM_CONFIGS", "GemvMmaConfig", "SMALL_M_GEMV_MMA", "StreamConfig", "StreamShape",
            "default_gemm_config", "default_gemv_mma_config", "stream_launch_shape", "linear_weight_only",
            "dequantize_weight", "choose_strategy", "strategy_problem", "get_plan", "dispatch",
            "ELEMENT", "block_shift", "pack_scale_offset", "gemm_mma_smem", "GemmSmallMConfig", "SmallMShape",
@@ -100,11 +100,12 @@ assert set(PLANS) == set(STRATEGIES)
 
 
 def plan_class(strategy: str, cc: int, gather: bool = False, pdl: bool | None = None) -> type:
-    """The plan class running ``strategy`` on sm_``cc``. gather: the act-order plan where there is one:
-    gemv_mma on sm_90+ with programmatic dependent launch on (``pdl``; None: ``CUTLASS_OPS_PDL``), the
-    gather kernel then the GEMV as its programmatic dependent; elsewhere x is gathered first."""
-    if gather and strategy == "gemv_mma" and cc >= 90 and (pdl_enabled() if pdl is None else pdl):
-        return GemvMmaGatherPlan
+    """The plan class running ``strategy`` on sm_``cc``. gemv_mma on sm_90+ with programmatic dependent launch
+    on (``pdl``; None: ``CUTLASS_OPS_PDL``) is launched as the programmatic dependent of the kernel before it
+    (:class:`GemvMmaPdlPlan`). gather: the act-order plan where there is one: there, the gather kernel then the
+    GEMV as its programmatic dependent; elsewhere x is gathered first."""
+    if strategy == "gemv_mma" and cc >= 90 and (pdl_enabled() if pdl is None else pdl):
+        return GemvMmaGatherPlan if gather else GemvMmaPdlPlan
     return PLANS[strategy]
 
 

@@ -2,9 +2,11 @@
 sm_80+, with the operands swapped (W is the mma A operand) and K split across blocks when N alone
 leaves SMs idle (splitk.py).
 
-Act-order (:class:`GemvMmaGatherPlan`, Hopper with PDL: chosen in ``weight_only._build``): a call with a K
-permutation first runs ``gather_k`` (x[:, perm] into a fresh buffer) and launches the GEMV built with
-WO_PDL_WAIT as its programmatic dependent, so the GEMV's weight loads overlap the gather."""
+On Hopper with programmatic dependent launch on (``CUTLASS_OPS_PDL``; :class:`GemvMmaPdlPlan`, chosen by
+``weight_only.plan_class``) the GEMV is built with WO_PDL_WAIT and launched as the programmatic dependent of
+the previous kernel in the stream: its first weight loads are in flight before that kernel ends, and a GEMV
+after it starts while its blocks retire. Act-order (:class:`GemvMmaGatherPlan`) first runs ``gather_k``
+(x[:, perm] into a fresh buffer), the GEMV then overlapping the gather the same way."""
 from __future__ import annotations
 
 import math
@@ -18,7 +20,7 @@ from .shared import ELEMENT, scale_offset_words, wo_defines
 from .splitk import SplitKGemvPlan, reduce_kernel
 from .variants import GemvMmaConfig, chunk_elems, default_gemv_mma_config
 
-__all__ = ["GemvMmaArgs", "GatherArgs", "GemvMmaPlan", "GemvMmaGatherPlan", "gemv_mma_tiles", "gather_kernel"]
+__all__ = ["GemvMmaArgs", "GatherArgs", "GemvMmaPlan", "GemvMmaPdlPlan", "GemvMmaGatherPlan", "gemv_mma_tiles", "gather_kernel"]
 
 SOURCE = "gemv_mma.cu"
 
@@ -47,12 +49,13 @@ class GemvMmaPlan(SplitKGemvPlan):
     strategy = "gemv_mma"
     config_type = GemvMmaConfig
 
+    pdl = False     # GemvMmaPdlPlan: launched as a programmatic dependent (sm_90+)
     gather = False  # GemvMmaGatherPlan: the act-order variant
 
     @classmethod
     def module_defines(cls, dtype, bits: int, config: GemvMmaConfig) -> dict[str, int]:
-        """The GEMV module's NVRTC defines (the act-order plan's waits on its gather: WO_PDL_WAIT)."""
-        return {**wo_defines(dtype, bits, config), **({"WO_PDL_WAIT": 1} if cls.gather else {})}
+        """The GEMV module's NVRTC defines (a programmatic dependent waits before it reads A: WO_PDL_WAIT)."""
+        return {**wo_defines(dtype, bits, config), **({"WO_PDL_WAIT": 1} if cls.pdl else {})}
 
     @classmethod
     def kernels(cls, M: int, dtype, bits: int, config: GemvMmaConfig | None = None) -> tuple:
@@ -63,7 +66,7 @@ class GemvMmaPlan(SplitKGemvPlan):
                 reduce_kernel(ELEMENT[dtype]), *((gather_kernel(),) if cls.gather else ()))
 
     def __init__(self, qw, M: int, dtype, device: int, config: GemvMmaConfig | None = None):
-        config = config or default_gemv_mma_config(M, qw.bits)
+        config = config or default_gemv_mma_config(M, qw.bits, qw.N, qw.K, sm_count(device))
         defines = self.module_defines(dtype, qw.bits, config)
         ce = chunk_elems(qw.bits)
         K, N, G = qw.K, qw.N, qw.num_groups
@@ -87,7 +90,7 @@ class GemvMmaPlan(SplitKGemvPlan):
         kernel = load_kernel(SOURCE, f"gemv_mma_mt{m_tiles}", defines, device=device)
         args = GemvMmaArgs(B=qw.qweight.data_ptr(), scale_offset=so.data_ptr(), M=M, N=N, K=K, G=G,
                            group_shift=group_shift, chunks_per_split=per_split)
-        gemv = Launch(kernel, LaunchConfig.of((blocks_n, splits), 32 * warps, pdl=self.gather), args, device)
+        gemv = Launch(kernel, LaunchConfig.of((blocks_n, splits), 32 * warps, pdl=self.pdl), args, device)
         super().__init__(gemv, splits, M, N, ELEMENT[dtype], device, keep=(so,))
         if self.gather:
             vecs = M * K // 8  # one 16-byte vector of x[:, perm] per thread
@@ -95,7 +98,13 @@ class GemvMmaPlan(SplitKGemvPlan):
                                   LaunchConfig.of(min(-(-vecs // 256), 4 * sm), 256), GatherArgs(M=M, K=K), device)
 
 
-class GemvMmaGatherPlan(GemvMmaPlan):
+class GemvMmaPdlPlan(GemvMmaPlan):
+    """The Hopper plan: the GEMV launched as the programmatic dependent of the kernel before it."""
+
+    pdl = True
+
+
+class GemvMmaGatherPlan(GemvMmaPdlPlan):
     """The act-order plan (a class of its own: the plain plan's call stays one frame shorter)."""
 
     gather = True

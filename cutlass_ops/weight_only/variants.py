@@ -7,9 +7,9 @@ launch for a GPU. ``cutlass_ops.weight_only`` re-exports all of it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-__all__ = ["GemmConfig", "GEMM_CONFIGS", "default_gemm_config", "GemvMmaConfig", "SMALL_M_INT4_GEMV_MMA",
+__all__ = ["GemmConfig", "GEMM_CONFIGS", "default_gemm_config", "GemvMmaConfig", "SMALL_M_GEMV_MMA",
            "default_gemv_mma_config", "StreamConfig", "StreamShape", "stream_launch_shape", "chunk_elems",
            "GemmSmallMConfig", "default_gemm_small_m_config", "small_m_tiles", "gemm_small_m_smem", "SmallMShape",
            "small_m_launch_shape"]
@@ -90,16 +90,38 @@ class StreamConfig:
 def default_gemm_config(M: int) -> GemmConfig:
     """64-row tiles up to M = 64 (measured 1.3x faster than 128 at M = 16..32 on an H200), else 128."""
     return GemmConfig(64 if M <= 64 else 128)
-# gemv_mma variant for int4 weights at M <= 4: one 16-row tile per warp, eight trips of loads in
-# flight, 4 warps per block. H100, W4A16 g128, M = 1: 21.9 vs 22.0 us (N = K = 8192) and 56.5 vs
-# 61.1 us (N = 28672); at M = 8 within 2% of the default, at M = 16 slower (scripts/sweep_gemv.py).
-SMALL_M_INT4_GEMV_MMA = GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=4)
-_SMALL_M_INT4_MAX_M = 4
+# gemv_mma variant at M <= 4: one 16-row tile per warp, eight trips of loads in flight, 4 warps per block.
+# H100, W4A16 g128, M = 1: 21.9 vs 22.0 us (N = K = 8192) and 56.5 vs 61.1 us (N = 28672); at M = 8 within
+# 2% of the default, at M = 16 slower (scripts/sweep_gemv.py). int8 (H100, W8A16 g128, M = 1 and 4,
+# fp16, CUDA graphs): 8.5 vs 14.0 us at 4096 x 4096 and 26.7 vs 30.7 at 4096 x 14336, where the default's
+# two-tile rows left fewer blocks than SMs and split K (a second launch, +20 us of host time), within 4%
+# at 6144 x 4096 and 14336 x 4096.
+SMALL_M_GEMV_MMA = GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=4)
+_SMALL_M_MAX_M = 4
+# With the shape known (:func:`default_gemv_mma_config`'s N, K, sm_count), at M <= 4:
+# - 8 warps per block where the rows leave <= 2 blocks per SM and K holds >= 192 chunks (3/4 of the
+#   8 warps x 4 chunks x 8 trips one loop of loads covers). H100, M = 1, us, 4 -> 8 warps: W4 4096 x 14336
+#   18.0 -> 14.0, 3072 x 8192 9.4 -> 7.3, 2048 x 8192 8.4 -> 6.2; W8 4096 x 4096 8.7 -> 7.3, 4096 x 14336
+#   26.4 -> 23.5, 3072 x 3072 6.9 -> 5.6; but W4 4096 x 4096 (128 chunks) 5.9 -> 7.4 and 6144 x 4096
+#   (384 blocks) 7.9 -> 11.6.
+# - K is not split while the rows give >= 1 block per 2 SMs: 2048 x 2048 W4 6.8 -> 3.9 us, W8 7.2 -> 3.9,
+#   2048 x 8192 W8 12.2 -> 8.9 (the split rule of GemvMmaPlan split these 2-3 ways, adding the reduction).
+_WIDE_WARPS_MIN_CHUNKS = 192
 
 
-def default_gemv_mma_config(M: int, bits: int) -> GemvMmaConfig:
-    """The gemv_mma variant the default dispatch uses for M rows of ``bits``-bit weights."""
-    return SMALL_M_INT4_GEMV_MMA if bits == 4 and M <= _SMALL_M_INT4_MAX_M else GemvMmaConfig()
+def default_gemv_mma_config(M: int, bits: int, N: int | None = None, K: int | None = None,
+                            sm_count: int | None = None) -> GemvMmaConfig:
+    """The gemv_mma variant the default dispatch uses for M rows of ``bits``-bit weights; given the weight's
+    N and K and the GPU's SM count, also its warps per block and K splits (launch choices: the compiled
+    module is the same)."""
+    if M > _SMALL_M_MAX_M:
+        return GemvMmaConfig()
+    if N is None or K is None or sm_count is None:
+        return SMALL_M_GEMV_MMA
+    blocks = -(-N // (16 * SMALL_M_GEMV_MMA.row_tiles))
+    wide = blocks <= 2 * sm_count and K // chunk_elems(bits) >= _WIDE_WARPS_MIN_CHUNKS
+    return replace(SMALL_M_GEMV_MMA, warps=8 if wide else SMALL_M_GEMV_MMA.warps,
+                   splits=1 if 2 * blocks >= sm_count else None)
 
 
 _STREAM_ROWS = StreamConfig().rows              # GEMV_STREAM_ROWS default: weight rows per warp
