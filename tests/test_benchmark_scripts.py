@@ -133,7 +133,7 @@ def test_padding_arguments():
             bench_pad.parse_args(bad)
 
 
-@pytest.mark.parametrize("script", ["bench_conv.py", "bench_int8_padding.py"])
+@pytest.mark.parametrize("script", ["bench_conv.py", "bench_int8_padding.py", "tune_weight_only.py"])
 def test_help_needs_no_gpu(script):
     import subprocess
 

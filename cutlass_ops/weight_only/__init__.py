@@ -1,7 +1,7 @@
 """Weight-only (scheme 1) linear: D[M, N] = act(x[M, K] @ dequantize(qw)^T + bias), raw NVRTC kernels.
 
-Strategies (``strategy=`` forces one; the default picks by M, dtype and GPU: dispatch.py), one module
-and one plan class each:
+Strategies (``strategy=`` forces one; the default picks by M, dtype and GPU: dispatch.py, and by the GPU's
+tuned entries: tuned.py), one module and one plan class each:
 
 ============== ============================================ =========================================
 strategy       kernel (custom_kernels/kernels/)             applies to
@@ -71,6 +71,7 @@ from .gemv_mma import GemvMmaGatherPlan, GemvMmaPdlPlan, GemvMmaPlan
 from .gemv_simt import GemvSimtPlan
 from .gemv_stream import GemvStreamPlan
 from .shared import ELEMENT, block_shift, pack_scale_offset
+from .tuned import tuned_for
 from .variants import (
     GEMM_CONFIGS, SMALL_M_GEMV_MMA, GemmConfig, GemmSmallMConfig, GemvMmaConfig, SmallMShape, StreamConfig,
     StreamShape, default_gemm_config, default_gemm_small_m_config, default_gemv_mma_config, gemm_small_m_smem,
@@ -111,7 +112,9 @@ def plan_class(strategy: str, cc: int, gather: bool = False, pdl: bool | None = 
 
 def _build(qw, M: int, dtype: torch.dtype, device: int, strategy: str | None, config, gather: bool = False):
     cc = capability(device)
-    chosen = strategy or choose_strategy(M, dtype, qw, cc)
+    # the default dispatch takes this GPU's tuned choice where there is one (tuned.py), else the rules
+    tuned_choice = tuned_for(qw, M, dtype, device, cc) if strategy is None and config is None else None
+    chosen, config = tuned_choice or (strategy or choose_strategy(M, dtype, qw, cc), config)
     cls = plan_class(chosen, cc, gather)
     gather = cls is GemvMmaGatherPlan
     problem = strategy_problem(chosen, M, dtype, qw, cc)

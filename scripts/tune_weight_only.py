@@ -1,0 +1,406 @@
+#!/usr/bin/env python3
+"""Tune the weight-only dispatch on this GPU: time gemv_mma / gemm_small_m variants per (weight shape, bits, M)
+and store the fastest as the "weight_only" section of cutlass_ops/tuning/<gpu>.json (issue 23).
+
+The rule-based dispatch (``weight_only.dispatch``, ``variants.default_*_config``) was measured on a few shapes;
+this times the candidates on every Llama weight shape of ``bench_llm_shapes.SHAPES`` (``--shapes`` picks some,
+as there), W4 and W8 (``--bits``), asymmetric minmax, block 128, float16 activations, M = 1, 2, 4, 8, 16, 32, 64
+(``--M``). Candidates per M: gemv_mma with the variants of ``GEMV_MMA_CONFIGS`` and, from M = 8, gemm_small_m
+with those of ``GEMM_SMALL_M_CONFIGS``; the rule-based choice (its variant for this shape and GPU) is always
+timed too, as the baseline. Each one's
+output is first compared with gemv_mma's default variant (max |diff| <= 1% of max |y|): a candidate that
+disagrees, or fails to build, is reported and skipped. The choice per (shape, bits, M) is the fastest, unless it
+beats the rule-based choice by less than ``--min-gain`` (default 2%: within the noise, keep the rule's variant).
+
+Device us per call from CUDA graphs (``bench_llm_shapes.rotated_us``: >= 60 calls per graph, median of 10
+replays), rotating over enough weight and x copies to read >= 3x L2. Every variant is compiled first in parallel
+processes (NVRTC, into the kernel cache), so the timed loop compiles nothing. Sized for under 6 minutes on an
+H100 for all shapes (an estimate, not yet measured: ~15 modules to compile, ~1,700 graph timings of 10-100 ms);
+``--quick``: the 8B shapes at M = 1, 4, 16, 64.
+
+JSON (``--write-json``, off by default; ``--write-json PATH`` writes elsewhere): each measured M stands for the
+M values above the previous measured one (M = 16 for 9..16: the same kernel entry, gemv_mma_mt2), consecutive
+M with the same choice merge into one ``"M": [lo, hi]`` range, and the entries of the tuned shapes replace
+those of the same shapes in the file; other shapes' entries and the file's other sections (int8 GEMM tiles)
+are kept. ``cutlass_ops.weight_only.tuned`` documents and checks the format (checked before writing).
+
+    python3 scripts/tune_weight_only.py [--quick] [--shapes 8B 70B/down 4096x14336] [--M 1 16] [--bits 4]
+        [--min-gain 0.02] [--jobs 16] [--write-json [PATH]] [--out PATH]
+        # report: scripts/results/<gpu>/tune_weight_only.md (rewritten after each shape)
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import gc
+import io
+import json
+import logging
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from _timing import git_commit, gpu_slug, table, write_report
+from bench_llm_shapes import GROUP, M_VALUES, SHAPES, name, rotated_us, selected, weight_copies
+
+from cutlass_ops.weight_only import tuned
+from cutlass_ops.weight_only.variants import (
+    GemmSmallMConfig, GemvMmaConfig, default_gemm_small_m_config, default_gemv_mma_config,
+)
+
+log = logging.getLogger("tune_weight_only")
+
+BENCH = "tune_weight_only"
+DTYPE = torch.float16  # tuned entries apply to bf16 too (the same kernels)
+# gemv_mma variants (scripts/sweep_gemv.py found these the fastest at small M): the class default; the M <= 4
+# rule's (variants.default_gemv_mma_config); it with 8 warps splitting K; one 16-row tile with 4 trips and 2
+# blocks per SM, with 4 or 8 warps (8: the fastest at M = 1 on 4096 x 4096 and 3072 x 3072 W4, H100); the
+# class default without splitting K.
+GEMV_MMA_CONFIGS = (GemvMmaConfig(), GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=4),
+                    GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=8),
+                    GemvMmaConfig(row_tiles=1, unroll=4, min_blocks=2, warps=4),
+                    GemvMmaConfig(row_tiles=1, unroll=4, min_blocks=2, warps=8, splits=1),
+                    GemvMmaConfig(row_tiles=2, unroll=4, min_blocks=2, warps=8, splits=1))
+# gemm_small_m variants (of sweep_gemv.small_m_configs, the ones fastest somewhere in
+# scripts/results/nvidia-h100/sweep_small_m.md): the default, the rule's 2 stages (r2w8s2), 4 row tiles x 4
+# warps (wide N at M <= 32), 4 warps (long K at small M).
+GEMM_SMALL_M_CONFIGS = (GemmSmallMConfig(), GemmSmallMConfig(stages=2), GemmSmallMConfig(row_tiles=4, warps=4),
+                        GemmSmallMConfig(warps=4))
+GEMM_SMALL_M_FROM_M = 8  # below it gemm_small_m's shared activation tile buys nothing (sweep_small_m.md)
+QUICK_M = (1, 4, 16, 64)
+MAX_M = 64  # both strategies take M <= 64
+MIN_GAIN = 0.02
+
+
+class Candidate(NamedTuple):
+    """One timed choice: a strategy and its kernel variant."""
+
+    strategy: str
+    config: object
+
+    @property
+    def label(self) -> str:
+        c = self.config
+        if self.strategy == "gemv_mma":
+            return f"gemv_mma r{c.row_tiles}u{c.unroll}b{c.min_blocks}w{c.warps}" + (f"k{c.splits}" if c.splits else "")
+        return f"gemm_small_m r{c.row_tiles}w{c.warps}s{c.stages}" + (f"k{c.splits}" if c.splits else "")
+
+
+def candidates(M: int) -> list[Candidate]:
+    """The candidates timed at M rows, the reference (gemv_mma's default variant) first."""
+    found = [Candidate("gemv_mma", c) for c in GEMV_MMA_CONFIGS]
+    if M >= GEMM_SMALL_M_FROM_M:
+        found += [Candidate("gemm_small_m", c) for c in GEMM_SMALL_M_CONFIGS if M <= c.max_m]
+    return found
+
+
+def rule_candidate(strategy: str, M: int, bits: int, N: int | None = None, K: int | None = None,
+                   sm_count: int | None = None) -> Candidate | None:
+    """The rule-based dispatch's choice as a candidate (the variant its plan builds: gemv_mma's warps and K
+    splits depend on N, K and the SM count), None for another strategy."""
+    if strategy == "gemv_mma":
+        return Candidate(strategy, default_gemv_mma_config(M, bits, N, K, sm_count))
+    if strategy == "gemm_small_m":
+        return Candidate(strategy, default_gemm_small_m_config(M, bits))
+    return None
+
+
+def pick(times: dict[Candidate, float], rule: Candidate | None, min_gain: float) -> Candidate | None:
+    """The fastest candidate, or the rule's where that one was timed and the fastest beats it by < min_gain."""
+    if not times:
+        return None
+    best = min(times, key=times.get)
+    if rule in times and times[best] > times[rule] * (1 - min_gain):
+        return rule
+    return best
+
+
+def covered_ranges(m_values) -> list[tuple[int, int]]:
+    """[lo, hi] that each measured M stands for: the M values above the previous measured one (from 1)."""
+    ms = sorted(set(m_values))
+    return [(prev + 1, M) for prev, M in zip([0] + ms[:-1], ms)]
+
+
+def merge_ranges(choices: list[tuple[int, int, Candidate]]) -> list[tuple[int, int, Candidate]]:
+    """Adjacent (lo, hi, choice) with the same choice as one range."""
+    merged: list[tuple[int, int, Candidate]] = []
+    for lo, hi, choice in sorted(choices, key=lambda c: c[0]):
+        if merged and merged[-1][2] == choice and merged[-1][1] + 1 == lo:
+            merged[-1] = (merged[-1][0], hi, choice)
+        else:
+            merged.append((lo, hi, choice))
+    return merged
+
+
+def shape_entries(N: int, K: int, bits: int, block_size: int, picks: dict[int, Candidate]) -> list[dict]:
+    """The JSON entries of one weight from its choice per measured M."""
+    ranges = covered_ranges(picks)
+    chosen = [(lo, hi, picks[hi]) for lo, hi in ranges]
+    return [{"N": N, "K": K, "bits": bits, "block_size": block_size, "M": [lo, hi], "strategy": c.strategy,
+             "config": tuned.config_json(c.config)} for lo, hi, c in merge_ranges(chosen)]
+
+
+def merged_section(old: dict | None, entries: list[dict], source: str, cc: int) -> tuple[dict, int]:
+    """(the new "weight_only" section, entries kept from ``old``): ``entries`` replace those of the same weight
+    shapes in ``old``; the others are kept."""
+    key = lambda e: (e["N"], e["K"], e["bits"], e["block_size"])  # noqa: E731
+    tuned_shapes = {key(e) for e in entries}
+    kept = [e for e in (old or {}).get("entries", []) if isinstance(e, dict) and key(e) not in tuned_shapes]
+    every = sorted(kept + entries, key=lambda e: (*key(e), e["M"][0]))
+    return {"_source": source, "compute_capability": cc, "entries": every}, len(kept)
+
+
+def json_text(data: dict) -> str:
+    """The tuning file's text: json indent 2 (as the int8 tuner writes it), one weight_only entry per line."""
+    section = data.get(tuned.SECTION)
+    if not isinstance(section, dict) or not section.get("entries"):
+        return json.dumps(data, indent=2) + "\n"
+    marks = {f"@entry {i}@": json.dumps(e) for i, e in enumerate(section["entries"])}
+    text = json.dumps({**data, tuned.SECTION: {**section, "entries": list(marks)}}, indent=2)
+    for mark, line in marks.items():
+        text = text.replace(json.dumps(mark), line)
+    return text + "\n"
+
+
+def write_json(path: Path, entries: list[dict], source: str, cc: int) -> None:
+    """Merge ``entries`` into the file's section (other sections kept), check it as the dispatch will, write."""
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: must hold a JSON object, got {type(data).__name__}")
+    section, kept = merged_section(data.get(tuned.SECTION), entries, source, cc)
+    if kept:
+        section["_source"] += f"; {kept} entries of shapes not tuned in this run kept from earlier runs"
+    tuned.parse_section(section, str(path))  # raises before anything is written
+    path.write_text(json_text({**data, tuned.SECTION: section}))
+    tuned.table.cache_clear()
+    log.info("wrote %d weight_only entries (%d kept) to %s", len(section["entries"]), kept, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU part
+# ---------------------------------------------------------------------------------------------
+
+def _compile(job) -> str:
+    from custom_kernels.nvrtc import compile_file
+
+    filename, defines, arch = job
+    compile_file(filename, arch, defines=dict(defines))
+    return f"{filename} {dict(defines)}"
+
+
+def precompile(bits_list, m_values, cc: int, arch: str, jobs: int) -> None:
+    """Every module the candidates (and the rule's variants) load, compiled in ``jobs`` processes."""
+    from cutlass_ops.weight_only import plan_class
+
+    modules = set()
+    for bits in bits_list:
+        for M in m_values:
+            rules = [rule_candidate(s, M, bits) for s in ("gemv_mma", "gemm_small_m")]
+            for cand in {*candidates(M), *filter(None, rules)}:
+                for source, _kernel, defines in plan_class(cand.strategy, cc).kernels(M, DTYPE, bits, cand.config):
+                    modules.add((source, tuple(sorted(defines.items()))))
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(jobs) as pool:
+        for done in pool.map(_compile, [(f, d, arch) for f, d in sorted(modules)]):
+            log.debug("compiled %s", done)
+    log.info("compiled %d modules for sm_%s in %.1f s", len(modules), arch, time.perf_counter() - t0)
+
+
+class Row(NamedTuple):
+    shape: str
+    N: int
+    K: int
+    bits: int
+    M: int
+    rule: Candidate | None
+    times: dict
+    chosen: Candidate | None
+    notes: list
+
+
+def tune_weight(shape, bits: int, args, l2: int, cc: int, device: int) -> list[Row]:
+    """Time every candidate of one weight at each M; the rows of the report (choices included)."""
+    from custom_kernels.device import sm_count
+    from cutlass_ops.weight_only import choose_strategy, get_plan
+
+    _, _, N, K = shape
+    sms = sm_count(device)
+    t0 = time.perf_counter()
+    master = torch.randn(N, K, device="cuda", dtype=torch.float16).mul_(0.02)
+    qws = weight_copies(master, bits, l2)
+    del master
+    rows = []
+    for M in args.M:
+        t1 = time.perf_counter()
+        xs = [torch.randn(M, K, device="cuda", dtype=DTYPE) for _ in qws]
+        outs = [torch.empty(M, N, device="cuda", dtype=DTYPE) for _ in qws]
+        rule = rule_candidate(choose_strategy(M, DTYPE, qws[0], cc), M, bits, N, K, sms)
+        todo = candidates(M) + ([rule] if rule is not None and rule not in candidates(M) else [])
+        ref, tol, times, notes = None, None, {}, []
+        for cand in todo:
+            try:
+                plans = [get_plan(q, M, DTYPE, device, strategy=cand.strategy, config=cand.config) for q in qws]
+                call = lambda i, plans=plans: plans[i](xs[i], 0, 0, outs[i])  # noqa: E731
+                call(0)
+                torch.cuda.synchronize()
+            except (ValueError, RuntimeError, TypeError) as exc:  # a variant that cannot run here is skipped
+                notes.append(f"{cand.label}: failed ({type(exc).__name__})")
+                log.warning("%s W%d M=%d %s failed: %s", name(shape), bits, M, cand.label, exc)
+                continue
+            got = outs[0].float()
+            if ref is None:  # gemv_mma's default variant (the first candidate)
+                ref, tol = got.clone(), 1e-2 * got.abs().max().item() + 1e-6
+            err = (got - ref).abs().max().item()
+            if not err <= tol:
+                notes.append(f"{cand.label}: MISMATCH {err:.3g} > {tol:.3g}")
+                log.warning("%s W%d M=%d %s: max |diff| %.3g > %.3g, skipped", name(shape), bits, M, cand.label,
+                            err, tol)
+                continue
+            times[cand] = rotated_us(call, len(qws))
+        chosen = pick(times, rule, args.min_gain)
+        rows.append(Row(name(shape), N, K, bits, M, rule, times, chosen, notes))
+        log.info("  %s W%d M=%d: rule %s %s, chosen %s %.1f us (%d timed) [%.2f s]", name(shape), bits, M,
+                 rule.label if rule else "-", f"{times[rule]:.1f} us" if rule in times else "-",
+                 chosen.label if chosen else "-", times.get(chosen, math.nan), len(times), time.perf_counter() - t1)
+    log.info("%s W%d %dx%d done in %.1f s (%d weight copies)", name(shape), bits, N, K, time.perf_counter() - t0,
+             len(qws))
+    return rows
+
+
+def report(rows: list[Row], args, gpu: str, json_path: Path | None, failed: list[str]) -> list[str]:
+    """The markdown lines: what was timed, one row per (shape, bits, M), a summary."""
+    body, gains = [], []
+    for r in rows:
+        rule_us = r.times.get(r.rule)
+        best = min(r.times, key=r.times.get) if r.times else None
+        chosen_us = r.times.get(r.chosen)
+        gain = rule_us / chosen_us if rule_us and chosen_us else None
+        gains += [gain] if gain else []
+        body.append([r.shape, f"{r.N} x {r.K}", f"W{r.bits}", r.M, r.rule.label if r.rule else "-",
+                     f"{rule_us:.1f}" if rule_us else "-", best.label if best else "-",
+                     f"{r.times[best]:.1f}" if best else "-", r.chosen.label if r.chosen else "-",
+                     f"{gain:.2f}x" if gain else "-", "; ".join(r.notes) or ""])
+    header = ["shape", "N x K", "bits", "M", "rule-based choice", "rule us", "fastest", "fastest us", "chosen",
+              "rule / chosen", "notes"]
+    changed = sum(1 for r in rows if r.chosen is not None and r.chosen != r.rule)
+    geo = math.exp(sum(map(math.log, gains)) / len(gains)) if gains else math.nan
+    lines = [f"# Weight-only dispatch tuning, {gpu}", "",
+             f"fp16 activations, asymmetric minmax, block {GROUP}. Device us per call: CUDA graphs of >= 60 calls "
+             "rotating over >= 3x L2 of weight and x copies (median of 10 replays). Candidates: gemv_mma "
+             "r<row tiles>u<unroll>b<min blocks>w<warps>[k<K splits>], and from M = "
+             f"{GEMM_SMALL_M_FROM_M} gemm_small_m r<row tiles>w<warps>s<stages>; each checked against gemv_mma's "
+             "default variant (max |diff| <= 1% of max |y|) before it is timed. rule-based: what dispatch.py and "
+             "variants.default_*_config pick (`CUTLASS_OPS_TUNED=0`). chosen: the fastest, unless it beats the rule "
+             f"by less than {args.min_gain:.0%} (then the rule's). rule / chosen: the speed-up the tuned entry gives.",
+             "", table(header, body), "",
+             f"- {len(rows)} (shape, bits, M) timed; the tuned choice differs from the rule-based one in {changed}; "
+             f"geometric mean rule / chosen {geo:.3f}x.",
+             f"- JSON: {'written to ' + str(json_path) if json_path else 'not written (pass --write-json)'}."]
+    lines += [f"- failed: {f}" for f in failed]
+    return lines
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help=f"the 8B shapes at M = {' '.join(map(str, QUICK_M))} (the filters below still apply)")
+    p.add_argument("--shapes", nargs="+", metavar="S",
+                   help="names (8B/qkv), models (70B), layers (down) or NxK (4096x14336); default all")
+    p.add_argument("--M", type=int, nargs="+", help=f"default {' '.join(map(str, M_VALUES))}")
+    p.add_argument("--bits", type=int, nargs="+", choices=(4, 8), default=[4, 8], help="default 4 8")
+    p.add_argument("--min-gain", type=float, default=MIN_GAIN,
+                   help=f"keep the rule-based choice unless the fastest beats it by this fraction (default {MIN_GAIN})")
+    p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="compile processes")
+    p.add_argument("--write-json", nargs="?", const="", default=None, metavar="PATH",
+                   help="write the choices into cutlass_ops/tuning/<gpu>.json (or PATH)")
+    p.add_argument("--out", type=Path, help=f"report; default scripts/results/<gpu>/{BENCH}.md")
+    args = p.parse_args(argv)
+    args.M = sorted(set(args.M or (QUICK_M if args.quick else M_VALUES)))
+    if not all(1 <= M <= MAX_M for M in args.M):
+        p.error(f"--M values must be in 1..{MAX_M}, got {args.M}")
+    if not 0 <= args.min_gain < 1:
+        p.error(f"--min-gain must be in [0, 1), got {args.min_gain}")
+    if args.jobs < 1:
+        p.error(f"--jobs must be >= 1, got {args.jobs}")
+    args.bits = sorted(set(args.bits))
+    return args
+
+
+def selected_shapes(args) -> list[tuple]:
+    shapes = [s for s in SHAPES if s[0] == "8B"] if args.quick else list(SHAPES)
+    return [s for s in shapes if selected(s, args.shapes)] if args.shapes else shapes
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(relativeCreated)8.0f ms %(message)s")
+    shapes = selected_shapes(args)
+    if not shapes:
+        log.error("--shapes selects none of %s", ", ".join(name(s) for s in SHAPES))
+        return 2
+    if not torch.cuda.is_available():
+        log.error("needs a CUDA GPU")
+        return 1
+    from custom_kernels.device import target_arch
+
+    os.environ[tuned.ENV_SWITCH] = "0"  # the baseline is the rule-based dispatch, whatever the file holds now
+    start = time.perf_counter()
+    device = torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(device)
+    cc, gpu = 10 * major + minor, torch.cuda.get_device_name(device)
+    if cc < 80:
+        log.error("gemv_mma and gemm_small_m need sm_80+, this GPU is sm_%d", cc)
+        return 1
+    json_path = None if args.write_json is None else Path(args.write_json or tuned.tuning_file(gpu))
+    precompile(args.bits, args.M, cc, target_arch(device), args.jobs)
+    torch.manual_seed(0)
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2**20)
+    log.info("%s (sm_%d), L2 %.0f MiB: %d shapes x W%s x M %s", gpu, cc, l2 / 2**20, len(shapes), args.bits, args.M)
+    rows, failed = [], []
+    with torch.inference_mode():
+        for k, shape in enumerate(shapes):
+            for bits in args.bits:
+                try:
+                    rows += tune_weight(shape, bits, args, l2, cc, device)
+                except Exception as exc:  # report what was measured and go on with the next weight
+                    log.exception("%s W%d failed", name(shape), bits)
+                    failed.append(f"{name(shape)} W{bits}: {type(exc).__name__}: "
+                                  f"{(str(exc).splitlines() or [''])[0][:120]}")
+                gc.collect()
+                torch.cuda.empty_cache()
+            if k < len(shapes) - 1:  # a run cut short keeps its table; only the last write says where
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    write_report(report(rows, args, gpu, None, failed), args.out, BENCH)
+    entries = [e for (N, K, bits), picks in _picks(rows).items()
+               for e in shape_entries(N, K, bits, GROUP, picks)]
+    if json_path is not None and entries:
+        source = (f"scripts/tune_weight_only.py {' '.join(sys.argv[1:])} on {gpu} (sm_{cc}), "
+                  f"{dt.date.today().isoformat()}, commit {git_commit()}; table in "
+                  f"scripts/results/{gpu_slug(gpu)}/{BENCH}.md")
+        write_json(json_path, entries, source, cc)
+    elif json_path is not None:
+        log.error("nothing measured: %s not written", json_path)
+    with contextlib.redirect_stdout(io.StringIO()):  # write_report names the file on stderr
+        write_report(report(rows, args, gpu, json_path if entries else None, failed), args.out, BENCH)
+    log.info("done: %d shapes in %.0f s%s", len(shapes), time.perf_counter() - start,
+             f", {len(failed)} failed" if failed else "")
+    return 1 if failed else 0
+
+
+def _picks(rows: list[Row]) -> dict[tuple[int, int, int], dict[int, Candidate]]:
+    """(N, K, bits) -> {M: chosen candidate} over the rows that have a choice."""
+    picks: dict[tuple[int, int, int], dict[int, Candidate]] = {}
+    for r in rows:
+        if r.chosen is not None:
+            picks.setdefault((r.N, r.K, r.bits), {})[r.M] = r.chosen
+    return picks
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
