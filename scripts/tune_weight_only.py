@@ -374,17 +374,20 @@ def main(argv=None) -> int:
                                   f"{(str(exc).splitlines() or [''])[0][:120]}")
                 gc.collect()
                 torch.cuda.empty_cache()
-            if k < len(shapes) - 1:  # a run cut short keeps its table; only the last write says where
+            # a run cut short keeps its table and the JSON of the shapes it finished
+            entries = [e for (N, K, bits), picks in _picks(rows).items()
+                       for e in shape_entries(N, K, bits, GROUP, picks)]
+            if json_path is not None and entries:
+                source = (f"scripts/tune_weight_only.py {' '.join(sys.argv[1:])} on {gpu} (sm_{cc}), "
+                          f"{dt.date.today().isoformat()}, commit {git_commit()}; table in "
+                          f"scripts/results/{gpu_slug(gpu)}/{BENCH}.md")
+                write_json(json_path, entries, source, cc)
+            if k < len(shapes) - 1:  # only the last write of the report says where
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                     write_report(report(rows, args, gpu, None, failed), args.out, BENCH)
     entries = [e for (N, K, bits), picks in _picks(rows).items()
                for e in shape_entries(N, K, bits, GROUP, picks)]
-    if json_path is not None and entries:
-        source = (f"scripts/tune_weight_only.py {' '.join(sys.argv[1:])} on {gpu} (sm_{cc}), "
-                  f"{dt.date.today().isoformat()}, commit {git_commit()}; table in "
-                  f"scripts/results/{gpu_slug(gpu)}/{BENCH}.md")
-        write_json(json_path, entries, source, cc)
-    elif json_path is not None:
+    if json_path is not None and not entries:
         log.error("nothing measured: %s not written", json_path)
     with contextlib.redirect_stdout(io.StringIO()):  # write_report names the file on stderr
         write_report(report(rows, args, gpu, json_path if entries else None, failed), args.out, BENCH)
