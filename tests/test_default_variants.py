@@ -53,6 +53,13 @@ def weight_only_grid():
                     if qw is not None:
                         for M in M_GRID:
                             yield M, dtype, qw
+    # the shapes of the shipped tuning files, at every M of their entries (weight_only.tuned)
+    from cutlass_ops.weight_only.tuned import shipped_entries
+
+    for _, entry in shipped_entries():
+        for dtype in DTYPES:
+            for M in range(entry.M_lo, entry.M_hi + 1):
+                yield M, dtype, _weight(entry.bits, entry.N, entry.K, entry.block_size)
 
 
 # (Ci, Co, groups, block_size): plain, grouped, depthwise, the RGB stem, a K-block of 9 taps
@@ -182,8 +189,8 @@ def test_the_enumeration_follows_the_dispatch_switches(monkeypatch):
     """Read at call time: a strategy the dispatch is switched to joins the set, one switched off leaves it."""
     from cutlass_ops.weight_only import dispatch
 
-    monkeypatch.setattr(dispatch, "GEMM_SMALL_M_DEFAULT", False)
-    assert "gemm_small_m.cu" not in {f for f, _ in dv.default_modules("90a")}
+    monkeypatch.setattr(dispatch, "GEMM_SMALL_M_DEFAULT", False)  # (sm_90a's tuning file still names it)
+    assert "gemm_small_m.cu" not in {f for f, _ in dv.default_modules("80")}
     monkeypatch.setattr(dispatch, "SMALL_M_GEMV", {**dispatch.SMALL_M_GEMV, 3: "gemv_stream"})
     assert {("gemv_stream.cu", (("WO_BITS", b), ("WO_ELEMENT", e))) for b in (4, 8) for e in (0, 1)} <= set(
         dv.default_modules("80"))
