@@ -2,7 +2,8 @@
 """Benchmark weight-only W4 / W8 linear on the weight shapes of Llama models against cuBLAS, per M (issue 23).
 
 Shapes (N x K of W, y = x @ W^T, x [M, K]): Llama-3-8B qkv 6144 x 4096 (GQA 32/8 heads of 128), the
-issue's qkv row 12288 x 4096 (3 x 4096), o 4096 x 4096, gate+up 28672 x 4096, down 4096 x 14336;
+issue's qkv row 12288 x 4096 (3 x 4096), o 4096 x 4096, gate+up 28672 x 4096, gate (or up: the unfused
+layout of Hugging Face checkpoints and of bench_llama's decoder) 14336 x 4096, down 4096 x 14336;
 Llama-3-70B qkv 10240 x 8192, o 8192 x 8192, gate+up 57344 x 8192, down 8192 x 28672; Llama-3.2-1B
 (hidden 2048, MLP 8192, 32/8 heads of 64) and Llama-3.2-3B (hidden 3072, MLP 8192, 24/8 heads of 128)
 qkv, o, gate+up, down. M = 1, 2, 4, 8, 16, 32, 64; fp16 and bf16 activations. Each row times cuBLAS
@@ -56,7 +57,7 @@ log = logging.getLogger("bench_llm_shapes")
 GROUP = 128
 SHAPES = (  # (model, layer, N, K)
     ("8B", "qkv", 6144, 4096), ("8B", "qkv-12288", 12288, 4096), ("8B", "o", 4096, 4096),
-    ("8B", "gate_up", 28672, 4096), ("8B", "down", 4096, 14336),
+    ("8B", "gate_up", 28672, 4096), ("8B", "gate", 14336, 4096), ("8B", "down", 4096, 14336),
     ("70B", "qkv", 10240, 8192), ("70B", "o", 8192, 8192), ("70B", "gate_up", 57344, 8192),
     ("70B", "down", 8192, 28672),
     ("3.2-1B", "qkv", 3072, 2048), ("3.2-1B", "o", 2048, 2048), ("3.2-1B", "gate_up", 16384, 2048),
