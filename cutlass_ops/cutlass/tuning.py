@@ -86,14 +86,16 @@ def table(gpu_name: str | None = None) -> dict[str, Any]:
     if gpu_name:
         path = TUNING_DIR / gpu_file_name(gpu_name)
         if path.is_file():
-            override = json.loads(path.read_text())
+            # the file's "weight_only" section is weight_only/tuned.py's (a GPU may have only that one)
+            override = {k: v for k, v in json.loads(path.read_text()).items() if k != "weight_only"}
             for key, value in override.items():
                 if isinstance(value, dict) and isinstance(tiles.get(key), dict):
                     tiles[key] = {**tiles[key], **value}
                 else:
                     tiles[key] = value
-            source = path
-            log.info("int8 GEMM tiles from %s", path)
+            if any(not k.startswith("_") for k in override):
+                source = path
+                log.info("int8 GEMM tiles from %s", path)
     small, medium = tiles.get("small_m_max"), tiles.get("medium_m_max")
     if not (isinstance(small, int) and isinstance(medium, int) and 0 < small <= medium):
         raise ValueError(f"{source}: need integers 0 < small_m_max <= medium_m_max, got "
