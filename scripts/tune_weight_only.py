@@ -362,7 +362,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2**20)
     log.info("%s (sm_%d), L2 %.0f MiB: %d shapes x W%s x M %s", gpu, cc, l2 / 2**20, len(shapes), args.bits, args.M)
-    rows, failed = [], []
+    rows, failed, entries = [], [], []
     with torch.inference_mode():
         for k, shape in enumerate(shapes):
             for bits in args.bits:
@@ -385,8 +385,6 @@ def main(argv=None) -> int:
             if k < len(shapes) - 1:  # only the last write of the report says where
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                     write_report(report(rows, args, gpu, None, failed), args.out, BENCH)
-    entries = [e for (N, K, bits), picks in _picks(rows).items()
-               for e in shape_entries(N, K, bits, GROUP, picks)]
     if json_path is not None and not entries:
         log.error("nothing measured: %s not written", json_path)
     with contextlib.redirect_stdout(io.StringIO()):  # write_report names the file on stderr

@@ -287,8 +287,15 @@ def shipped_entries(tuning_dir: str | Path | None = None) -> Iterator[tuple[int 
     """(compute_capability or None, entry) of every tuned entry in the tuning files: what a prebuilt cubin set
     of an architecture must add to the rule-based dispatch's for the tuned choices to load without compiling
     (``cutlass_ops.default_variants``: the kernels of ``plan_class(entry.strategy, cc, ...).kernels(M, dtype,
-    entry.bits, entry.config)`` for M in the entry's range, fp16 and bf16)."""
-    for path in sorted(Path(tuning_dir or TUNING_DIR).glob("*.json")):
+    entry.bits, entry.config)`` for M in the entry's range, fp16 and bf16). The files are read once per
+    directory: default_variants asks for every problem of its grids."""
+    yield from _shipped(Path(tuning_dir or TUNING_DIR))
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped(tuning_dir: Path) -> tuple[tuple[int | None, TunedEntry], ...]:
+    found = []
+    for path in sorted(tuning_dir.glob("*.json")):
         tuned = load_file(path)
-        for entry in tuned.entries if tuned is not None else ():
-            yield tuned.compute_capability, entry
+        found += [(tuned.compute_capability, entry) for entry in (tuned.entries if tuned is not None else ())]
+    return tuple(found)
