@@ -12,6 +12,7 @@ oldest weight first out, least recently used plan first out (a server that sees 
 
 :class:`TensorMemo` is the same idea for one tensor that is not a weight (an act-order permutation, an
 epilogue input checked for NaN): a value kept while the tensor lives and is unchanged in place.
+:func:`float32_copy` keeps the float32 copy of a layer's bias that way.
 """
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Callable, TypeVar
 
+import torch
+
 __all__ = ["MAX_WEIGHTS", "MAX_PLANS_PER_WEIGHT", "WeightEntry", "entry", "plan", "clear", "stats", "version",
-           "TensorMemo"]
+           "TensorMemo", "float32_copy"]
 
 MAX_WEIGHTS = 4096
 MAX_PLANS_PER_WEIGHT = 64
@@ -133,6 +136,26 @@ class TensorMemo:
 
     def __len__(self) -> int:
         return len(self._values)
+
+
+_float32_copies = TensorMemo(MAX_WEIGHTS)
+
+
+def float32_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a contiguous float32 tensor: ``t`` itself when it is one, else its converted copy, kept while
+    ``t`` lives unchanged in place (an fp16 / bf16 layer's bias feeds float32 epilogues: no conversion kernel
+    per call). Made afresh and not kept for a tensor that needs its gradient (the copy must stay in the
+    autograd graph), for an inference tensor (no version counter to see an in-place change) and while a
+    CUDA graph is captured (a copy made there would be filled only by the graph's replays)."""
+    if t.dtype == torch.float32 and t.is_contiguous():
+        return t
+    found = _float32_copies.get(t)
+    if found is not None and not t.requires_grad:
+        return found
+    copy = t.to(torch.float32).contiguous()
+    if not (t.requires_grad or t.is_inference() or (t.is_cuda and torch.cuda.is_current_stream_capturing())):
+        _float32_copies.put(t, copy)
+    return copy
 
 
 def clear() -> None:

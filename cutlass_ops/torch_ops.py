@@ -180,7 +180,7 @@ def linear_w8a8_channel_impl(x: torch.Tensor, qweight: torch.Tensor, scale: torc
     CUTLASS int8 GEMM with the fused dequant epilogue (K % 16 == 0, N % 8 == 0: checked by the caller)."""
     N, K = qweight.shape
     A_q, s_row = quantize_per_token(x.reshape(-1, K))
-    bias32 = None if bias is None else bias.to(torch.float32).contiguous()
+    bias32 = None if bias is None else plan_cache.float32_copy(bias)
     if A_q.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], N)
     if x.is_cuda:

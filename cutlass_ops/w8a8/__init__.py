@@ -67,6 +67,6 @@ def linear_w8a8(x2d: torch.Tensor, qw, bias: torch.Tensor | None = None, act: in
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
     acc = plan_cache.plan(qw, key, lambda: _build_block_plan(qw, path))(x2d)
     out = torch.empty((x2d.shape[0], qw.N), dtype=x2d.dtype, device=x2d.device)
-    bias32 = None if bias is None else bias.to(torch.float32).contiguous()
+    bias32 = None if bias is None else plan_cache.float32_copy(bias)
     _bias_and_activation(acc[:, :qw.N], out, bias32, act)
     return out

@@ -209,7 +209,7 @@ def _run(x2d: torch.Tensor | None, quantized_A, qw, bias: torch.Tensor | None, a
     else:
         A_q, sA, oA, sumA = quantized_A
     if bias is not None:
-        bias = bias.to(torch.float32).contiguous()
+        bias = plan_cache.float32_copy(bias)
     with on_device(device):
         if rows is None and plan.cfg.planes:
             # row parameters as planes [G, 3, M rounded up to 4], copied per K block into shared memory
