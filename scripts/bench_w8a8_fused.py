@@ -7,6 +7,9 @@ tile variant (CUDA graph of repeated launches, median of triton.testing.do_bench
 quantization, and torch._int_mm on the same int8 operands (per-channel reference point: int32
 out, no scaling; it needs M > 16, so M = 16 is timed at M = 32). Each variant's output is
 checked against a float64 evaluation of the 4-term formula on a sample of rows.
+With --block-scaled (sm_90a), also the block-scaled symmetric variants (cutlass_ops/w8a8/block_scaled.py,
+tiles.BLOCK_SCALED_CONFIGS) on an int8 weight of the same shape, with one more column: fp16 cuBLAS
+(x @ W.T) on the same shape (issue 18's targets: <= 0.6x fp16 at M = 4096, <= 1.15x the int8 GEMM).
 Markdown table to stdout and to scripts/results/<gpu>/bench_w8a8_fused.md (or --out).
 """
 from __future__ import annotations
@@ -61,7 +64,44 @@ def sample_error(D: torch.Tensor, quantized_A, qw: QuantizedWeight, rows: torch.
     return float((D[rows].double() - ref).abs().max() / ref.abs().max())
 
 
-def run(Ms, N, K, block_size, configs, reps) -> list[dict]:
+def block_scaled_rows(M: int, N: int, K: int, x: torch.Tensor, int_mm: tuple, reps: int, gen) -> list[dict]:
+    """Rows of the block-scaled variants at one M (same keys as run()'s, plus fp16_us)."""
+    from cutlass_ops.w8a8.block_scaled import linear_block_scaled_reference, linear_w8a8_block_scaled, \
+        quantize_weight_block_scaled
+    from cutlass_ops.w8a8.block_scaled_plan import plan_for, quantize_activation_block_scaled_gpu
+    from cutlass_ops.w8a8.tiles import BLOCK_SCALED_CONFIGS, choose_block_scaled_config
+
+    w = torch.randn(N, K, generator=gen, device="cuda").half()
+    weight = quantize_weight_block_scaled(w, 128)
+    g16 = graph_of(lambda: x @ w.T, reps)
+    t_fp16 = bench_ms(g16.replay, reps) * 1e3
+    A_q, planes = quantize_activation_block_scaled_gpu(x, 128)
+    sample = torch.arange(0, M, max(1, M // 64), device="cuda")
+    quantized = (A_q[sample], planes[:, sample].T.contiguous())
+    ref = linear_block_scaled_reference(x[sample], weight, quantized_A=quantized)
+    out = torch.empty(M, N, dtype=torch.float16, device="cuda")
+    t_mm, M_mm = int_mm
+    default = choose_block_scaled_config(M, N)
+    rows = []
+    for name in sorted(BLOCK_SCALED_CONFIGS):
+        plan = plan_for(weight, name, torch.cuda.current_device())
+        kernel = lambda: plan(A_q, planes, None, out, 0)  # noqa: E731
+        t_kernel = bench_ms(graph_of(kernel, reps).replay, reps) * 1e3
+        call = lambda: linear_w8a8_block_scaled(x, weight, config=name)  # noqa: E731
+        t_full = bench_ms(call) * 1e3
+        out.fill_(float("nan"))
+        kernel()
+        err = float((out[sample].double() - ref).abs().max() / ref.abs().max())
+        label = f"{name} (block-scaled)" + (" *" if name == default else "")
+        rows.append(dict(M=M, N=N, K=K, bs=128, config=label,
+                         kernel_us=t_kernel, tops=2.0 * M * N * K / (t_kernel * 1e-6) / 1e12, eager_us=float("nan"),
+                         full_us=t_full, int_mm_us=t_mm, int_mm_M=M_mm, ratio=t_kernel / t_mm, err=err,
+                         fp16_us=t_fp16))
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def run(Ms, N, K, block_size, configs, reps, block_scaled: bool = False) -> list[dict]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     cc = device_capability()
     configs = [c for c in configs if not TILE_CONFIGS[c].wgmma or cc == WGMMA_CC]  # wgmma: sm_90a only
@@ -103,6 +143,8 @@ def run(Ms, N, K, block_size, configs, reps) -> list[dict]:
                                  kernel_us=t_kernel, tops=flops / (t_kernel * 1e-6) / 1e12, eager_us=t_eager,
                                  full_us=t_full, int_mm_us=t_mm, int_mm_M=M_mm, ratio=t_kernel / t_mm, err=err))
             print(rows_out[-1], file=sys.stderr, flush=True)
+        if block_scaled and cc == WGMMA_CC:
+            rows_out += block_scaled_rows(M, N, K, x, (t_mm, M_mm), reps, gen)
     return rows_out
 
 
@@ -113,11 +155,16 @@ def table(rows: list[dict], device_name: str) -> str:
              "operands (int32 out, no scaling); ratio = kernel / int_mm (target <= 1.3); * = default variant.", "",
              "| M | N | K | block | variant | kernel us | TOPS | eager us | full us | int_mm us | ratio | max rel err |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    fp16 = any("fp16_us" in r for r in rows)  # --block-scaled: fp16 cuBLAS on the same shape
+    if fp16:
+        lines[2] += " fp16 us = cuBLAS x @ W.T (block-scaled rows; their eager column is not measured)."
+        lines[-2] = lines[-2] + " fp16 us |"
+        lines[-1] = lines[-1] + "---|"
     for r in rows:
         mm = f"{r['int_mm_us']:.1f}" + ("" if r["int_mm_M"] == r["M"] else f" (M={r['int_mm_M']})")
         lines.append(f"| {r['M']} | {r['N']} | {r['K']} | {r['bs']} | {r['config']} | {r['kernel_us']:.1f} | "
                      f"{r['tops']:.0f} | {r['eager_us']:.1f} | {r['full_us']:.1f} | {mm} | {r['ratio']:.2f} | "
-                     f"{r['err']:.1e} |")
+                     f"{r['err']:.1e} |" + (f" {r['fp16_us']:.1f} |" if "fp16_us" in r else (" |" if fp16 else "")))
     return "\n".join(lines) + "\n"
 
 
@@ -130,11 +177,13 @@ def main() -> int:
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--configs", nargs="+", default=sorted(TILE_CONFIGS), choices=sorted(TILE_CONFIGS))
     p.add_argument("--reps", type=int, default=10, help="launches per CUDA graph")
+    p.add_argument("--block-scaled", action="store_true",
+                   help="also the block-scaled symmetric variants (sm_90a) and fp16 cuBLAS")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("bench_w8a8_fused.py needs a CUDA GPU", file=sys.stderr)
         return 1
-    rows = run(args.M, args.N, args.K, args.block_size, args.configs, args.reps)
+    rows = run(args.M, args.N, args.K, args.block_size, args.configs, args.reps, args.block_scaled)
     write_report([table(rows, torch.cuda.get_device_name())], args.out, "bench_w8a8_fused")
     return 0
 

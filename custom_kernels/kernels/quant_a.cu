@@ -8,15 +8,35 @@
 //                    Every float operation is one IEEE-rounded op (__f*_rn: no FMA contraction),
 //                    so the result matches cutlass_ops.formats.quantize_activation_reference
 //                    bit for bit.
+//   QUANT_A_SYMMETRIC=1 builds QuantA (both kernels, same names) for the block-scaled symmetric scheme
+//                    (cutlass_ops/w8a8/block_scaled.py) instead:
+//                      scale  = amax / 127     (amax = max |x| over the block, exact in float32)
+//                      a block whose scale is 0 (all zero, or amax / 127 below the subnormals) gets 1
+//                      q      = clamp(rint(x / scale), -127, 127)          (round half to even)
+//                    and writes scale only (offset and sum_q are not written: pass null). Bit for
+//                    bit quantize_activation_block_scaled_reference (one IEEE division each).
 //   Precompute_SumBq sum_B_q[n, g] = sum of the int8 weight q over block g of row n.
 //   precompute_bvec  the same sums and the fused kernel's per-column vector (sB, oB, sB sumB + bs oB, 0).
 #include "common.cuh"
+
+#ifndef QUANT_A_SYMMETRIC
+#define QUANT_A_SYMMETRIC 0
+#endif
 
 namespace cuops {
 namespace quant {
 
 constexpr int kMaxWarps = 8;  // QuantA blocks have at most 256 threads
 
+#if QUANT_A_SYMMETRIC
+// Symmetric: scale = amax / 127 with amax = max(mx, -mn) = max |x| (exact), one IEEE division; a
+// zero scale becomes 1 (q = rint(x) = 0 then, no 0 / 0). No offset.
+__device__ __forceinline__ void block_params(float mn, float mx, float& sc, float& of) {
+  sc = __fdiv_rn(fmaxf(mx, -mn), 127.0f);
+  if (sc == 0.0f) sc = 1.0f;
+  of = 0.0f;
+}
+#else
 // The block's scale and offset from its min and max (zero range: scale 1, offset max, so q = 0
 // reproduces max exactly). One IEEE-rounded op each, as in the reference.
 __device__ __forceinline__ void block_params(float mn, float mx, float& sc, float& of) {
@@ -27,6 +47,7 @@ __device__ __forceinline__ void block_params(float mn, float mx, float& sc, floa
     of = mx;
   }
 }
+#endif
 
 // min and max of xr[k] for k = first, first + step, ... < n
 template <typename T>
@@ -41,14 +62,20 @@ __device__ __forceinline__ void span_min_max(const T* __restrict__ xr, int first
   }
 }
 
-// q = clamp(rint((x - offset) / scale)) for the same elements; returns their sum
+// q = clamp(rint((x - offset) / scale)) for the same elements (symmetric: clamp(rint(x / scale), -127,
+// 127)); returns their sum
 template <typename T>
 __device__ __forceinline__ int span_quantize(const T* __restrict__ xr, int8_t* __restrict__ qr, int first, int step,
                                              int n, float sc, float of) {
   int sum = 0;
   for (int k = first; k < n; k += step) {
     const float v = to_float<T>(xr[k]);
+#if QUANT_A_SYMMETRIC
+    const float q = fminf(fmaxf(rintf(__fdiv_rn(v, sc)), -127.0f), 127.0f);
+    (void)of;
+#else
     const float q = fminf(fmaxf(rintf(__fdiv_rn(__fsub_rn(v, of), sc)), -128.0f), 127.0f);
+#endif
     const int qi = static_cast<int>(q);
     qr[k] = static_cast<int8_t>(qi);
     sum += qi;
@@ -56,12 +83,17 @@ __device__ __forceinline__ int span_quantize(const T* __restrict__ xr, int8_t* _
   return sum;
 }
 
-// The block's parameters at [m * ld_param + g * g_stride] (see quant_a for the layouts).
+// The block's parameters at [m * ld_param + g * g_stride] (see quant_a for the layouts); symmetric:
+// the scale alone.
 __device__ __forceinline__ void store_params(float* __restrict__ scale, float* __restrict__ offset,
                                              int32_t* __restrict__ sum_q, long long p, float sc, float of, int sum) {
   scale[p] = sc;
+#if QUANT_A_SYMMETRIC
+  (void)offset, (void)sum_q, (void)of, (void)sum;
+#else
   offset[p] = of;
   sum_q[p] = sum;
+#endif
 }
 
 // One thread block per (m, g): grid = M * G blocks, blockIdx.x = m * G + g. A row of x starts

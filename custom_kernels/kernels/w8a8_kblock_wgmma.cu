@@ -33,8 +33,18 @@
 // k-step reads less shared memory than the N split's two m64n64). W8A8W_PINGPONG (1, planes and the
 // M split): one int32 set per consumer warpgroup, the two take turns on the tensor cores (see
 // consumer_pingpong); W8A8W_BN (128, or 192 with the ping-pong: one m64n192 wgmma per k-step).
+// W8A8W_BLOCK_SCALED (1, with the planes; block_size 64, 128 or 256): the block-scaled symmetric scheme
+// of cutlass_ops/w8a8/block_scaled.py (DeepSeek-V3's recipe in int8), no offsets:
+//
+//   D[m, n] = act( sum_j sA[m, j] * sW[n / bs, j] * Cq_j + bias[n] )
+//
+// with one weight scale per bs x bs tile. Then sA holds the row scales as ONE plane [G][M rounded up
+// to 4] and bvec holds float4 [G][ceil(N / BN)]: for K block j and CTA tile t the weight scale of each
+// 64-column slice of the tile, {sW[(t BN + 64 s) / bs, j] for s = 0..3} (0 past N or BN); oA and sumA
+// are unused. A slice lies in one weight block (bs >= 64), so the promotion is per row and slice one
+// factor sA * sW, and per element and block one I2FP and one FFMA.
 // Dynamic shared memory: STAGES * (128*128 + BN*128 + max(1, 128/block_size)*kColBytes) + 1024 (alignment)
-// (kColBytes: 2048, planes 4096)
+// (kColBytes: 16 * BN, planes 4096, block-scaled 1024)
 // + 16 * STAGES (barriers); cutlass_ops/ops/w8a8_fused.py computes the same number.
 #include "sm90_wgmma.cuh"
 #include "w8a8_kblock_common.cuh"
@@ -59,6 +69,9 @@
 #endif
 #ifndef W8A8W_PINGPONG
 #define W8A8W_PINGPONG 0
+#endif
+#ifndef W8A8W_BLOCK_SCALED
+#define W8A8W_BLOCK_SCALED 0
 #endif
 
 
@@ -92,6 +105,12 @@ static_assert(BN == 128 || (BN == 192 && W8A8W_PLANES && !W8A8W_NSPLIT),
               "BN = 192 (one m64n192 wgmma per warpgroup) needs the planes and the M split");
 static_assert(!W8A8W_PINGPONG || (W8A8W_PLANES && !W8A8W_NSPLIT), "the ping-pong consumer is the M split with planes");
 static_assert(BN == 128 || W8A8W_PINGPONG, "two int32 sets of 96 and the fp32 set do not fit in 240 registers");
+static_assert(!W8A8W_BLOCK_SCALED || W8A8W_PLANES,
+              "the block-scaled variant's scales are staged per block by TMA (planes)");
+static_assert(!W8A8W_BLOCK_SCALED || BS >= 64,
+              "block-scaled: a 64-column slice must lie in one weight block (bs >= 64)");
+static_assert(!W8A8W_BLOCK_SCALED || BN <= 4 * 64,
+              "block-scaled: one float4 holds the scales of a tile's 64-column slices");
 constexpr int kConsumerWarps = 8;                // two warpgroups of 64 rows
 constexpr int kThreads = 32 * kConsumerWarps + 128;  // + the producer warpgroup
 // Register split (setmaxnreg): 2 x 128 consumer threads at 240 and 128 producer threads at 24
@@ -103,12 +122,21 @@ constexpr int kTilesPerBlock = BS > BK ? BS / BK : 1;
 constexpr int kTileBytes = BM * BK;              // A tile
 constexpr int kTileBytesB = BN * BK;             // B tile
 // One block's parameters: float4 per column; planes: three column planes (sB, oB, q) of the
-// tile's BN columns, then three row planes (sA, oA, sumA) of its 128 rows, in 4096 bytes.
-constexpr int kColBytes = W8A8W_PLANES ? 4096 : BN * 16;
+// tile's BN columns, then three row planes (sA, oA, sumA) of its 128 rows, in 4096 bytes;
+// block-scaled: the float4 of the weight scales of the tile's 64-column slices, then its 128 row
+// scales, in 1024 bytes (a multiple of 1024 keeps every stage on the swizzle-atom alignment).
+constexpr int kColBytes = W8A8W_BLOCK_SCALED ? 1024 : W8A8W_PLANES ? 4096 : BN * 16;
 [[maybe_unused]] constexpr int kPlaneBytes = BN * 4;          // planes: one column plane
 [[maybe_unused]] constexpr int kRowPlaneBytes = BM * 4;       // planes: one row plane
 [[maybe_unused]] constexpr int kRowPlanes = 3 * kPlaneBytes;  // planes: offset of the row planes
-static_assert(!W8A8W_PLANES || 3 * (kPlaneBytes + kRowPlaneBytes) <= kColBytes, "the planes overflow their slot");
+static_assert(!W8A8W_PLANES || W8A8W_BLOCK_SCALED || 3 * (kPlaneBytes + kRowPlaneBytes) <= kColBytes,
+              "the planes overflow their slot");
+#if W8A8W_BLOCK_SCALED
+// (defined only here: every namespace-scope constant is a symbol of the cubin, and the other variants'
+// cubins stay byte-identical without it)
+constexpr int kRowScales = 16;  // block-scaled: offset of the row scales in a slot
+static_assert(kRowScales + kRowPlaneBytes <= kColBytes, "the scales overflow their slot");
+#endif
 constexpr int kStageBytes = kTileBytes + kTileBytesB + kSlots * kColBytes;
 static_assert(kStageBytes % 1024 == 0, "stages must keep the 1024-byte swizzle-atom alignment");
 constexpr int kSmemBytes = STAGES * kStageBytes + 1024 + 16 * STAGES;
@@ -199,7 +227,13 @@ __device__ __forceinline__ void producer(const Params& p, const Ring& ring, int 
 __device__ __forceinline__ void producer_tma(const Params& p, const Ring& ring, int m0, int n0, int T,
                                              const TensorMap* map_a, const TensorMap* map_b) {
   if (threadIdx.x != 32 * kConsumerWarps) return;
-#if W8A8W_PLANES
+#if W8A8W_BLOCK_SCALED
+  // per block: the float4 of the weight scales of this tile's 64-column slices, then its row scales
+  // rounded up to 4 floats (16-byte copies; the plane's blocks are Mp = M rounded up to 4 apart)
+  const uint32_t row_bytes = static_cast<uint32_t>((min(BM, p.M - m0) + 3) & ~3) * 4u;
+  const uint32_t col_bytes = 16u + row_bytes;
+  const long long Mp = (p.M + 3) & ~3, tiles_n = UP_DIV(p.N, BN);
+#elif W8A8W_PLANES
   // three column and three row planes per block, each the tile's columns (rows) rounded up to 4
   // floats (16-byte copies)
   const uint32_t plane_bytes = static_cast<uint32_t>((min(BN, p.N - n0) + 3) & ~3) * 4u;
@@ -220,7 +254,10 @@ __device__ __forceinline__ void producer_tma(const Params& p, const Ring& ring, 
     tma_load_2d(ring.a(st), map_a, t * BK, m0, ring.full(st));
     tma_load_2d(ring.b(st), map_b, t * BK, n0, ring.full(st));
     for (int slot = 0; slot < slots; ++slot) {
-#if W8A8W_PLANES
+#if W8A8W_BLOCK_SCALED
+      bulk_load(ring.cols(st, slot), p.bvec + (g0 + slot) * tiles_n + n0 / BN, 16u, ring.full(st));
+      bulk_load(ring.cols(st, slot) + kRowScales, p.sA + (g0 + slot) * Mp + m0, row_bytes, ring.full(st));
+#elif W8A8W_PLANES
       for (int pl = 0; pl < 3; ++pl) {
         bulk_load(ring.cols(st, slot) + pl * kPlaneBytes, planes + (3LL * (g0 + slot) + pl) * Np + n0, plane_bytes,
                   ring.full(st));
@@ -280,6 +317,47 @@ __device__ __forceinline__ RowParams load_rows(const Params& p, int r0, int j) {
   return r;
 }
 
+#if W8A8W_BLOCK_SCALED
+// Block-scaled: acc_f += (sA * sW) * Cq for block j, whose int32 sums acc holds (wgmma done). The
+// fragments are those of the offset form below: element x = (kWN / 2) mb + 4 i + e is row
+// row0 + 64 mb + 8 (e >> 1) and column (64 wg with the N split) + 8 i + 2 (lane & 3) + (e & 1), so
+// its 64-column slice is (N split: wg) + i / 8 and its factor f[h][i / 8], h = 2 mb + (e >> 1).
+__device__ __forceinline__ void promote(const uint32_t (&acc)[kAcc], float (&acc_f)[kAcc], const RowParams& rows,
+                                        const Ring& ring, int j, int wg, int lane) {
+  constexpr int kSlices = kWN / 64;  // 64-column slices of this thread's columns (1, 2 or 3)
+  const int t = (j * BS) / BK;
+  const uint32_t slot = ring.cols(t % STAGES, BS <= BK ? j % kSlots : 0);
+  const int warp = (threadIdx.x >> 5) & 3;
+  const int row0 = (W8A8W_NSPLIT ? 0 : 64 * wg) + 16 * warp + (lane >> 2);
+  const int s0 = W8A8W_NSPLIT ? wg : 0;  // the first slice of this warpgroup's columns
+  float sW[kSlices];
+#pragma unroll
+  for (int s = 0; s < kSlices; ++s)  // asm loads: ptxas hoists plain shared loads (slower, docs/design.md)
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(sW[s]) : "r"(slot + 4 * (s0 + s)));
+  float f[2 * kMB][kSlices];
+#pragma unroll
+  for (int h = 0; h < 2 * kMB; ++h) {
+    float sA;
+    asm volatile("ld.shared.f32 %0, [%1];\n"
+                 : "=f"(sA) : "r"(slot + kRowScales + 4 * (row0 + 64 * (h >> 1) + 8 * (h & 1))));
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s) f[h][s] = __fmul_rn(sA, sW[s]);  // _rn: one rounding, never fused
+  }
+  (void)rows;
+#pragma unroll
+  for (int i = 0; i < kWN / 8; ++i) {
+#pragma unroll
+    for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int x = (kWN / 2) * mb + 4 * i + e;
+        // exact (|Cq| <= 256 * 127 * 127 < 2^24); I2FP, then the one FFMA
+        acc_f[x] = fmaf(f[2 * mb + (e >> 1)][i / 8], static_cast<float>(static_cast<int>(acc[x])), acc_f[x]);
+      }
+    }
+  }
+}
+#else
 // acc_f += sA*(sB*Cq + sumA*oB) + oA*q for block j, whose int32 sums acc holds (wgmma done).
 __device__ __forceinline__ void promote(const uint32_t (&acc)[kAcc], float (&acc_f)[kAcc], const RowParams& rows,
                                         const Ring& ring, int j, int wg, int lane) {
@@ -339,6 +417,7 @@ __device__ __forceinline__ void promote(const uint32_t (&acc)[kAcc], float (&acc
     }
   }
 }
+#endif  // W8A8W_BLOCK_SCALED
 
 // Stages whose every read is done once block j is promoted: signal them empty (one arrive per warp).
 __device__ __forceinline__ void release(const Ring& ring, int j, int G, int lane) {
