@@ -11,15 +11,18 @@ For each layer: cuDNN fp16 in NCHW and channels_last (torch.nn.functional.conv2d
 on), ours with int4 and int8 weights in both layouts (strategy "auto"), the ratio of ours to cuDNN
 channels_last (issue 18's targets: every layer <= 1.5x, '!' marks a miss; the geometric mean of a
 batch <= 1.0x), and with ``--splits`` a split-K sweep of ours (int4, NHWC, igemm layers only) to
-show how far the automatic choice is from the best. The quantization block is ``--block-size``
-where it divides K = Kh*Kw*Ci/groups, else the largest divisor of K below it (the stem: 49 of 147;
-depthwise: the whole row, 9 or 49). A layer the API refuses gets the cell "refused: <reason>".
+show how far the automatic choice is from the best. ``--prefer depthwise small_ci`` times, on each
+layer one of those strategies can run, that strategy instead of "auto" (the auto column names what
+ran). The quantization block is ``--block-size`` where it divides K = Kh*Kw*Ci/groups, else the
+largest divisor of K below it (the stem: 49 of 147; depthwise: the whole row, 9 or 49). A layer the
+API refuses gets the cell "refused: <reason>".
 GPU times from CUDA graphs of repeated calls (no host time, operands warm in L2 as a network's
 activations would mostly be); eager = median per eager call (triton.testing.do_bench when
 available, else CUDA events), host launch cost included. A markdown table on stdout and in
 scripts/results/<gpu>/bench_conv.md (or --out).
 
-    python scripts/bench_conv.py [--batches 1 32] [--block-size 64] [--splits [S ...]] [--out PATH]
+    python scripts/bench_conv.py [--batches 1 32] [--block-size 64] [--splits [S ...]] [--prefer S ...]
+                                 [--out PATH]
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ import torch.nn.functional as F
 from _timing import write_report
 
 import cutlass_ops
-from cutlass_ops.conv import conv2d_weight_only
+from cutlass_ops.conv import FORCED_ONLY, ConvGeometry, conv2d_output_shape, conv2d_weight_only, forced_problem
 from cutlass_ops.conv.igemm import igemm_problem
 from cutlass_ops.formats import quantize_conv_weight
 
@@ -183,7 +186,23 @@ def auto_strategy(layer: Layer, block_size: int) -> str:
     return "igemm" if problem is None else "direct"
 
 
-def bench_layer(layer: Layer, block_size: int, splits) -> dict:
+def layer_geometry(layer: Layer, block_size: int) -> ConvGeometry:
+    """The layer's conv geometry (padding k // 2, no dilation, no activation)."""
+    pad = layer.k // 2
+    Oh, Ow = conv2d_output_shape(layer.H, layer.H, layer.k, layer.k, (layer.stride,) * 2, (pad,) * 2, (1, 1))
+    return ConvGeometry(layer.batch, layer.H, layer.H, layer.Ci, Oh, Ow, layer.Co, layer.k, layer.k, layer.stride,
+                        layer.stride, pad, pad, 1, 1, block_size, 0, layer.groups)
+
+
+def strategy_for(layer: Layer, block_size: int, prefer=()) -> str:
+    """The first strategy of ``prefer`` that can run the layer (fp16), else "auto"."""
+    for strategy in prefer:
+        if forced_problem(strategy, layer_geometry(layer, block_size), torch.float16) is None:
+            return strategy
+    return "auto"
+
+
+def bench_layer(layer: Layer, block_size: int, splits, prefer=()) -> dict:
     """Times (us, float) or refusals (str) of one layer: cudnn_<layout>, w<bits>_<layout>, their eager
     NHWC times, the split-K sweep; relative errors of ours against cuDNN on the dequantized weight."""
     batch, Ci, H, Co, k, stride, groups = layer
@@ -195,7 +214,9 @@ def bench_layer(layer: Layer, block_size: int, splits) -> dict:
     w16 = w.half().cuda()
     w16_cl = w16.contiguous(memory_format=torch.channels_last)
     bias = torch.randn(Co, device="cuda", dtype=torch.float16)
-    row: dict = {"block_size": block_size, "strategy": auto_strategy(layer, block_size)}
+    strategy = strategy_for(layer, block_size, prefer)
+    row: dict = {"block_size": block_size,
+                 "strategy": auto_strategy(layer, block_size) if strategy == "auto" else strategy}
     fns = {"cudnn_nchw": lambda: F.conv2d(x, w16, bias, stride, pad, 1, groups),
            "cudnn_nhwc": lambda: F.conv2d(x_cl, w16_cl, bias, stride, pad, 1, groups)}
     qws = {}
@@ -213,7 +234,7 @@ def bench_layer(layer: Layer, block_size: int, splits) -> dict:
             try:
                 # the public API first (what a user calls, all its checks), then its kernel path with `out`
                 out = cutlass_ops.conv2d(xin, qw, bias, stride, pad, groups=groups)
-                conv2d_weight_only(xin, qw, bias, stride, pad, groups=groups, out=out)
+                conv2d_weight_only(xin, qw, bias, stride, pad, groups=groups, out=out, strategy=strategy)
             except (ValueError, TypeError, RuntimeError, NotImplementedError) as exc:
                 log.warning("layer %s %s refused: %s", layer, key, exc)
                 row[key] = refusal(exc)
@@ -225,7 +246,7 @@ def bench_layer(layer: Layer, block_size: int, splits) -> dict:
                 log.warning("layer %s %s: relative error %.2e", layer, key, err)
             del ref
             fns[key] = (lambda xin=xin, qw=qw, out=out:
-                        conv2d_weight_only(xin, qw, bias, stride, pad, groups=groups, out=out))
+                        conv2d_weight_only(xin, qw, bias, stride, pad, groups=groups, out=out, strategy=strategy))
     for key, fn in fns.items():
         row[key] = bench_graph_us(fn)
         if key.endswith("_nhwc"):
@@ -323,6 +344,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--splits", type=int, nargs="*", default=None,
                    help=f"also sweep split_k of the int4 NHWC igemm layers over these values ('--splits' alone: "
                         f"{' '.join(map(str, SPLITS))}; default: no sweep, it multiplies the run time)")
+    p.add_argument("--prefer", nargs="+", default=[], choices=FORCED_ONLY,
+                   help="strategies to time instead of auto on the layers they can run, first match wins")
     args = p.parse_args(argv)
     if args.block_size < 1:
         p.error(f"--block-size must be >= 1, got {args.block_size}")
@@ -350,7 +373,8 @@ def main(argv=None) -> int:
              f"(issue 18: every layer <= {RATIO_LIMIT}x, '!' marks a miss; geometric mean per batch <= "
              f"{GEOMEAN_LIMIT:.1f}x).",
              "block: the quantization block along K = k*k*Ci/groups (block_size, or the largest divisor of K",
-             "below it). auto: the strategy \"auto\" runs (igemm: tensor cores; direct: one thread per output).",
+             "below it). auto: the strategy that ran (\"auto\" picks igemm: tensor cores, or direct: one thread per "
+             "output" + (f"; {', '.join(args.prefer)} where they apply (--prefer)" if args.prefer else "") + ").",
              "eager: median per eager call (do_bench; host launch cost included where it exceeds the kernel",
              "time). refused: the API raised; that layer is left out of the geometric mean."
              + (f" w4 best split: the split-K sweep over {args.splits} (int4 NHWC, igemm layers)." if with_sweep
@@ -364,7 +388,7 @@ def main(argv=None) -> int:
             layer = Layer(batch, *shape)
             block_size = block_size_for(layer.K, args.block_size)
             try:
-                r = bench_layer(layer, block_size, args.splits)
+                r = bench_layer(layer, block_size, args.splits, args.prefer)
             except Exception as exc:  # report the failure in the table, keep benchmarking the rest
                 log.exception("layer %s failed", layer)
                 reason = f"failed: {refusal(exc)[len('refused: '):]}"

@@ -71,6 +71,17 @@ def test_auto_strategy_of_the_layer_set():
     assert strategies == {"ResNet-50": {"igemm"}, "stem": {"direct"}, "depthwise": {"direct"}}
 
 
+def test_prefer_times_the_forced_strategies_where_they_apply():
+    """--prefer depthwise small_ci: the depthwise layers take depthwise, the stem small_ci, the rest auto."""
+    picked = {bench_conv.layer_kind(layer): set() for layer in bench_conv.layer_set([1, 32])}
+    for layer in bench_conv.layer_set([1, 32]):
+        block = bench_conv.block_size_for(layer.K, 64)
+        picked[bench_conv.layer_kind(layer)].add(bench_conv.strategy_for(layer, block, ("depthwise", "small_ci")))
+        assert bench_conv.strategy_for(layer, block) == "auto"
+    assert picked == {"ResNet-50": {"auto"}, "stem": {"small_ci"}, "depthwise": {"depthwise"}}
+    assert bench_conv.parse_args(["--prefer", "small_ci"]).prefer == ["small_ci"]
+
+
 def test_conv_ratio_cells_and_summary():
     assert bench_conv.fmt_ratio(1.5) == "1.50x"
     assert bench_conv.fmt_ratio(1.51) == "1.51x!"

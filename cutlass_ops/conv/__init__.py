@@ -2,7 +2,7 @@
 
 ``conv2d_weight_only(x, qw, ...)`` computes ``act(conv2d(x, dequantize(qw), groups=groups) + bias)``
 with the weight dequantized on the fly (w = q * scale + offset, blocks along K = Kh*Kw*Ci/groups).
-Two strategies, one plan class each (built once per geometry, dtype, weight bits, layout and device,
+Four strategies, one plan class each (built once per geometry, dtype, weight bits, layout and device,
 kept in a bounded cache; a call looks its plan up and launches it):
 
 - ``"direct"`` (:mod:`.direct`): one thread per output element, fp32 accumulation. Any dtype,
@@ -12,7 +12,13 @@ kept in a bounded cache; a call looks its plan up and launches it):
   with Ci/groups % 32 == 0, block_size % 32 == 0 and, when grouped, (Co/groups) % 64 == 0; an
   NCHW input is transposed to NHWC first, small problems are split along K.
 
-``"auto"`` picks igemm where it applies, else direct.
+- ``"depthwise"`` (:mod:`.depthwise`): groups = Ci (a channel multiplier allowed), dequantized weights
+  staged in shared memory, any dtype and layout.
+- ``"small_ci"`` (:mod:`.small_ci`): few input channels per group (CNN stems, Ci = 3), a tile of output
+  pixels and channels per block over the weights dequantized into shared memory.
+
+``"auto"`` picks igemm where it applies, else direct. ``"depthwise"`` and ``"small_ci"`` run only when
+asked for (forced) until a GPU run has checked them against the references and cuDNN.
 
 ``cutlass_ops.conv2d`` validates the operands (types, dtypes, ranks, devices) and calls
 :func:`conv2d_weight_only`, which keeps only the rules of its own arguments (``out``,
@@ -35,16 +41,17 @@ from .direct import DirectPlan
 from .geometry import DTYPE_CODES, ConvGeometry, conv2d_output_shape
 from .igemm import IgemmPlan, igemm_unsupported
 
-__all__ = ["conv2d_weight_only", "conv2d_output_shape", "plan_for", "ConvGeometry", "STRATEGIES"]
+__all__ = ["conv2d_weight_only", "conv2d_output_shape", "plan_for", "ConvGeometry", "STRATEGIES", "FORCED_ONLY",
+           "forced_problem"]
 
-STRATEGIES = ("auto", "direct", "igemm")
+STRATEGIES = ("auto", "direct", "igemm", "depthwise", "small_ci")
 _INT32_MAX = 2 ** 31 - 1
 PLANS_KEPT = 1024  # distinct (geometry, dtype, bits, layout, strategy, split_k, device) plans
 
 
 @functools.lru_cache(maxsize=PLANS_KEPT)
 def plan_for(strategy: str, dtype: torch.dtype, bits: int, channels_last: bool, dims: tuple[int, ...],
-             split_k: int | None, device: int) -> DirectPlan | IgemmPlan:
+             split_k: int | None, device: int):
     """The plan of one conv problem; ``dims`` are the :class:`ConvGeometry` fields in order."""
     if dtype not in DTYPE_CODES:
         check_dtype(torch.empty(0, dtype=dtype), "x", FLOAT_DTYPES)  # the API's error message
@@ -52,7 +59,30 @@ def plan_for(strategy: str, dtype: torch.dtype, bits: int, channels_last: bool, 
     arch = target_arch(device)
     if strategy == "direct":
         return DirectPlan(geometry, dtype, bits, channels_last, device, arch)
+    if strategy in FORCED_ONLY:
+        return _forced_only(strategy)[0](geometry, dtype, bits, channels_last, device, arch)
     return IgemmPlan(geometry, dtype, bits, channels_last, device, arch, sm_count(device), split_k)
+
+
+FORCED_ONLY = ("depthwise", "small_ci")  # strategies "auto" does not pick yet: a caller forces them
+
+
+def _forced_only(strategy: str):
+    """(plan class, unsupported(geometry, dtype) -> reason or None) of a FORCED_ONLY strategy, imported on
+    first use."""
+    if strategy == "depthwise":
+        from .depthwise import DepthwisePlan, depthwise_unsupported
+
+        return DepthwisePlan, depthwise_unsupported
+    from .small_ci import SmallCiPlan, small_ci_unsupported
+
+    return SmallCiPlan, small_ci_unsupported
+
+
+def forced_problem(strategy: str, geometry: ConvGeometry, dtype: torch.dtype) -> str | None:
+    """Why the FORCED_ONLY ``strategy`` cannot run ``geometry`` with ``dtype`` activations (None: it can).
+    Pure: no GPU."""
+    return _forced_only(strategy)[1](geometry, dtype)
 
 
 def _pair(value, name: str, minimum: int) -> tuple[int, int]:
@@ -88,8 +118,9 @@ def conv2d_weight_only(x: torch.Tensor, qw, bias: torch.Tensor | None = None, st
     blocks along K) on x's device. bias: None or [Co] (used in x's dtype). stride/padding/dilation:
     int or (h, w). act: 0/None none, 1/"relu", 2/"relu6". groups: as torch.nn.functional.conv2d
     (groups = Ci: depthwise). The output [B, Co, Oh, Ow] has x's dtype and memory format;
-    ``out`` may supply it (same shape, dtype and memory format). ``strategy``: "auto", "direct" or
-    "igemm"; ``split_k`` forces the igemm K split (None: chosen from the GPU's SM count).
+    ``out`` may supply it (same shape, dtype and memory format). ``strategy``: "auto", "direct",
+    "igemm", "depthwise" or "small_ci"; ``split_k`` forces the igemm K split (None: chosen from the GPU's
+    SM count).
     """
     if not x.is_cuda:  # a host pointer would reach the kernel
         check_cuda(x, "x")
@@ -139,13 +170,17 @@ def conv2d_weight_only(x: torch.Tensor, qw, bias: torch.Tensor | None = None, st
     current = current_device()
     if device is None:
         device = current
-    if strategy != "direct":
+    if strategy == "auto" or strategy == "igemm":
         reason = igemm_unsupported(x, channels_last, qw, Ci, device, groups)
         if reason is not None and strategy == "igemm":
             raise ValueError(f"strategy='igemm' cannot run this conv: {reason}")
         strategy = "direct" if reason is not None else "igemm"
 
     dims = (batch, H, W, groups * Ci, Oh, Ow, Co, Kh, Kw, *stride, *padding, *dilation, qw.block_size, act, groups)
+    if strategy in FORCED_ONLY:
+        reason = forced_problem(strategy, ConvGeometry(*dims), x.dtype)
+        if reason is not None:
+            raise ValueError(f"strategy={strategy!r} cannot run this conv: {reason}")
     plan = plan_for(strategy, x.dtype, qw.bits, channels_last, dims, split_k, device)
     if device == current:
         plan(x, qw, bias, out)
