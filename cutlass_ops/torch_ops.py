@@ -177,7 +177,8 @@ def linear_w8a8_channel_impl(x: torch.Tensor, qweight: torch.Tensor, scale: torc
                              bias: Optional[torch.Tensor], act: int) -> torch.Tensor:
     """act((A_q @ W_q^T) * s_token * s_channel + bias): int8 per-token activations (quantized here:
     :func:`quantize_per_token`), int8 per-channel symmetric weight (qweight [N, K], scale [N, 1] float32); one
-    CUTLASS int8 GEMM with the fused dequant epilogue (K % 16 == 0, N % 8 == 0: checked by the caller)."""
+    CUTLASS int8 GEMM with the fused dequant epilogue (any N and K: where K % 16 or N % 8, on operands
+    zero-padded as ``cutlass_ops.int8_gemm`` does)."""
     N, K = qweight.shape
     A_q, s_row = quantize_per_token(x.reshape(-1, K))
     bias32 = None if bias is None else plan_cache.float32_copy(bias)

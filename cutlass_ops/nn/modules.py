@@ -17,8 +17,8 @@ kernel); otherwise (autograd, torch.compile, large M) ``x.index_select(-1, perm)
 Modes of QuantLinear (``mode=``):
   "weight_only"   W4A16 / W8A16 (scheme 1): ``cutlass_ops.linear``
   "w8a8_block"    W8A8 per K block (scheme 2): ``cutlass_ops.linear_w8a8(path=...)``
-  "w8a8_channel"  per-token symmetric int8 activations (torch) x per-channel symmetric int8 weight, one
-                  CUTLASS int8 GEMM with the fused "dequant" epilogue (needs K % 16 == 0 and N % 8 == 0)
+  "w8a8_channel"  per-token symmetric int8 activations x per-channel symmetric int8 weight, one CUTLASS
+                  int8 GEMM with the fused "dequant" epilogue (any N and K: zero-padded where K % 16 or N % 8)
 
 Forward on CUDA tensors in eager mode calls the public functions (checks, then the kernels); while
 ``torch.compile`` traces, and on CPU tensors, it calls ``torch.ops.cutlass_ops.*`` directly: on the
@@ -135,9 +135,6 @@ class QuantLinear(_QuantModule):
         if mode == "w8a8_channel":
             if block_size not in (None, in_features) or not symmetric:
                 raise ValueError("mode='w8a8_channel' takes a symmetric per-channel weight (block_size=None)")
-            if in_features % 16 or out_features % 8:
-                raise ValueError(f"mode='w8a8_channel' needs in_features % 16 == 0 and out_features % 8 == 0 "
-                                 f"(the int8 GEMM's alignment), got K={in_features}, N={out_features}")
         if path not in api.W8A8_PATHS:
             raise ValueError(f"path must be one of {list(api.W8A8_PATHS)}, got {path!r}")
         self.in_features, self.out_features, self.mode, self.path = in_features, out_features, mode, path
