@@ -144,16 +144,20 @@ _float32_copies = TensorMemo(MAX_WEIGHTS)
 def float32_copy(t: torch.Tensor) -> torch.Tensor:
     """``t`` as a contiguous float32 tensor: ``t`` itself when it is one, else its converted copy, kept while
     ``t`` lives unchanged in place (an fp16 / bf16 layer's bias feeds float32 epilogues: no conversion kernel
-    per call). Made afresh and not kept for a tensor that needs its gradient (the copy must stay in the
-    autograd graph), for an inference tensor (no version counter to see an in-place change) and while a
-    CUDA graph is captured (a copy made there would be filled only by the graph's replays)."""
+    per eager call). Made afresh and not kept for a tensor that needs its gradient (the copy must stay in
+    the autograd graph) and for an inference tensor (no version counter to see an in-place change). While
+    a CUDA graph is captured the conversion is captured too, neither kept nor taken from the kept copies:
+    the graph then reads ``t`` itself at each replay (an in-place change of ``t`` after the capture, or a
+    kept copy dropped from the bounded memo, would otherwise leave it reading a stale or freed copy)."""
     if t.dtype == torch.float32 and t.is_contiguous():
         return t
+    if t.is_cuda and torch.cuda.is_current_stream_capturing():
+        return t.to(torch.float32).contiguous()
     found = _float32_copies.get(t)
     if found is not None and not t.requires_grad:
         return found
     copy = t.to(torch.float32).contiguous()
-    if not (t.requires_grad or t.is_inference() or (t.is_cuda and torch.cuda.is_current_stream_capturing())):
+    if not (t.requires_grad or t.is_inference()):
         _float32_copies.put(t, copy)
     return copy
 
