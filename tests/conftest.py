@@ -30,3 +30,12 @@ def _isolated_cache(tmp_path_factory):
 def seeded():
     torch.manual_seed(0)
     return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def conv_emulator(tmp_path_factory):
+    """sanitizer -> tests/host_emu/run_conv.cpp built under it, once per session for every module that runs a
+    conv kernel on the CPU (tests/_host_emu.py)."""
+    from _host_emu import HarnessBuilds  # imported here: only the host-emulation tests need the conv modules
+
+    return HarnessBuilds(tmp_path_factory)

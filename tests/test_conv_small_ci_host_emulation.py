@@ -10,65 +10,37 @@ cutlass_ops.conv.small_ci.launch_config gives (a few SMs' worth too, so that blo
 A second build under ThreadSanitizer runs the cases whose blocks walk several tiles: a missing
 __syncthreads between a tile's staging and the warps still reading the previous tile is a data race.
 What this cannot check: the GPU's compiler, timing, occupancy and launch (tests/gpu/test_conv_small_ci_gpu.py).
-Tolerance as in tests/gpu/test_conv_groups_gpu.py: |y - ref| <= (3 u + K 2^-23) S + u |ref|.
+Tolerance: tests/_conv_cases.py, |y - ref| <= (3 u + K 2^-23) S + u |ref|; the harness: tests/_host_emu.py.
 """
 from __future__ import annotations
 
-import shutil
-import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from custom_kernels.cuda_paths import cuda_include_dirs
-from custom_kernels.nvrtc import KERNEL_DIR
-from cutlass_ops.conv.geometry import DTYPE_CODES, GEOMETRY_FIELDS, ConvGeometry, conv2d_output_shape
+from _conv_cases import Case, check_against_reference, kernel_geometry, make
+from _host_emu import Launch, emulate
 from cutlass_ops.conv.small_ci import SmallCiPlan, launch_config, small_ci_unsupported
-from cutlass_ops.formats import quantize_conv_weight
-from cutlass_ops.reference import conv2d_reference
 
-HARNESS = Path(__file__).parent / "host_emu" / "run_conv_small_ci.cpp"
-UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24}
 F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
 
 
 @dataclass(frozen=True)
-class Case:
-    batch: int
-    Ci: int
-    H: int
-    W: int
-    Co: int
-    k: tuple[int, int]
-    stride: tuple[int, int]
-    padding: tuple[int, int]
-    dilation: tuple[int, int]
-    groups: int
-    bits: int
-    block_size: int | None
-    dtype: torch.dtype
-    channels_last: bool
-    act: int
-    bias: bool = True
+class EmuCase:
+    """A conv case and how the harness launches it."""
+    conv: Case
     sms: int = 132      # launch_config's SM count: a small one makes each block walk several pixel tiles
     out_shift: int = 0  # out one element past an aligned address: the NHWC scalar-store path
 
     def __str__(self) -> str:
-        pair = lambda p: f"{p[0]}x{p[1]}" if p[0] != p[1] else str(p[0])  # noqa: E731
-        return (f"b{self.batch}_ci{self.Ci}_{self.H}x{self.W}_co{self.Co}_g{self.groups}_k{pair(self.k)}"
-                f"_s{pair(self.stride)}_p{pair(self.padding)}_d{pair(self.dilation)}_w{self.bits}_bs{self.block_size}"
-                f"_{DTYPE_CODES[self.dtype][1]}_{'nhwc' if self.channels_last else 'nchw'}_act{self.act}"
-                f"{'' if self.bias else '_nobias'}_sm{self.sms}{f'_shift{self.out_shift}' if self.out_shift else ''}")
+        return f"{self.conv}_sm{self.sms}{f'_shift{self.out_shift}' if self.out_shift else ''}"
 
 
-def case(batch, Ci, H, W, Co, k, stride, padding, dilation, groups, bits, block_size, dtype, channels_last, act,
-         **kw) -> Case:
-    pair = lambda v: v if isinstance(v, tuple) else (v, v)  # noqa: E731
-    return Case(batch, Ci, H, W, Co, pair(k), pair(stride), pair(padding), pair(dilation), groups, bits, block_size,
-                dtype, channels_last, act, **kw)
+def case(*conv, sms=132, out_shift=0, **kw) -> EmuCase:
+    """case(batch, Ci, H, W, Co, k, stride, padding, dilation, groups, bits, block_size, dtype, channels_last,
+    act, bias=True, sms=132, out_shift=0)."""
+    return EmuCase(Case(*conv, **kw), sms, out_shift)
 
 
 CASES = [
@@ -109,97 +81,21 @@ CASES = [
 ]
 
 
-SANITIZERS = {  # g++ flags of each harness build
-    "address": ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"],
-    "thread": ["-fsanitize=thread"],  # data races between the emulated threads: a missing __syncthreads
-}
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory):
-    """sanitizer -> the harness built with g++ under it (once per module; skips without g++ or CUDA headers)."""
-    gxx = shutil.which("g++")
-    if gxx is None:
-        pytest.skip("g++ not installed")
-    try:
-        includes = cuda_include_dirs()
-    except RuntimeError as exc:
-        pytest.skip(f"no CUDA headers: {exc}")
-    built: dict[str, Path] = {}
-
-    def build(sanitizer: str) -> Path:
-        if sanitizer not in built:
-            exe = tmp_path_factory.mktemp(f"host_emu_{sanitizer}") / "run_conv_small_ci"
-            cmd = [gxx, "-std=c++20", "-O1", "-g", *SANITIZERS[sanitizer], "-fno-strict-aliasing", "-pthread",
-                   f"-I{HARNESS.parent}", f"-I{KERNEL_DIR}", *[f"-I{d}" for d in includes], str(HARNESS),
-                   "-o", str(exe)]
-            result = subprocess.run(cmd, capture_output=True, text=True)
-            assert result.returncode == 0, result.stderr
-            built[sanitizer] = exe
-        return built[sanitizer]
-
-    return build
-
-
-def _operands(c: Case):
-    g = torch.Generator().manual_seed(0)
-    w = torch.randn(c.Co, c.Ci // c.groups, *c.k, generator=g) * 0.2
-    qw = quantize_conv_weight(w, bits=c.bits, block_size=c.block_size, symmetric=False)
-    x = torch.randn(c.batch, c.Ci, c.H, c.W, generator=g).to(c.dtype)
-    bias = (torch.randn(c.Co, generator=g) * 0.5).to(c.dtype) if c.bias else None
-    return x, qw, bias
-
-
-def _tolerance(x, qw, bias, c: Case, ref: torch.Tensor) -> torch.Tensor:
-    Co, Kh, Kw, Cig = qw.conv_shape
-    q = qw.int_values().to(torch.float64).reshape(Co, qw.num_groups, qw.block_size)
-    mag = (q.abs() * qw.scale.double().abs()[..., None] + qw.offset.double().abs()[..., None])
-    mag = mag.reshape(Co, Kh, Kw, Cig).permute(0, 3, 1, 2)
-    S = F.conv2d(x.double().abs(), mag, None if bias is None else bias.double().abs(), c.stride, c.padding,
-                 c.dilation, c.groups)
-    u = UNIT_ROUNDOFF[c.dtype]
-    return (3 * u + Kh * Kw * Cig * 2.0 ** -23) * S + u * ref.abs()
-
-
-def _write(path: Path, t: torch.Tensor) -> None:
-    path.write_bytes(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-def _check(c: Case, exe: Path, tmp_path: Path) -> None:
-    x, qw, bias = _operands(c)
-    Oh, Ow = conv2d_output_shape(c.H, c.W, *c.k, c.stride, c.padding, c.dilation)
-    g = ConvGeometry(c.batch, c.H, c.W, c.Ci, Oh, Ow, c.Co, *c.k, *c.stride, *c.padding, *c.dilation, qw.block_size,
-                     c.act, c.groups)
+def _check(e: EmuCase, exe, tmp_path) -> None:
+    c = e.conv
+    x, qw, bias = make(c)
+    g = kernel_geometry(c, qw.block_size)
     assert small_ci_unsupported(g, c.dtype) is None
-    config = launch_config(g, c.sms)
+    config = launch_config(g, e.sms)
     ((_, name, _),) = SmallCiPlan.kernels(c.dtype, c.bits, c.channels_last)
-    _write(tmp_path / "x.bin", x.permute(0, 2, 3, 1) if c.channels_last else x)
-    for field in ("qweight", "scale", "offset"):
-        _write(tmp_path / f"{field}.bin", getattr(qw, field))
-    if bias is not None:
-        _write(tmp_path / "bias.bin", bias)
-    out_shape = (c.batch, Oh, Ow, c.Co) if c.channels_last else (c.batch, c.Co, Oh, Ow)
-    _write(tmp_path / "out.bin", torch.full(out_shape, float("nan"), dtype=c.dtype))
-    ints = " ".join(str(v) for v in (getattr(g, f) for f in GEOMETRY_FIELDS))
-    (tmp_path / "launch.txt").write_text(f"{name} {config.grid[0]} {config.grid[1]} {config.block[0]} {config.smem} "
-                                         f"{c.out_shift} {ints}\n")
-    run = subprocess.run([str(exe), str(tmp_path)], capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, f"{c}: the emulated kernel failed:\n{run.stderr[-4000:]}"
-
-    y = torch.frombuffer(bytearray((tmp_path / "out.bin").read_bytes()), dtype=c.dtype).reshape(out_shape)
-    y = (y.permute(0, 3, 1, 2) if c.channels_last else y).double()
-    assert bool(torch.isfinite(y).all()), f"{c}: unwritten (NaN) outputs"
-    ref = conv2d_reference(x, qw, bias, c.stride, c.padding, c.dilation, c.act, groups=c.groups)
-    tol = _tolerance(x, qw, bias, c, ref)
-    err = (y - ref).abs()
-    worst = int(torch.argmax(err - tol))
-    assert bool((err <= tol).all()), (f"{c}: max err {err.max():.3e}, at the worst index err "
-                                      f"{err.flatten()[worst]:.3e} > tol {tol.flatten()[worst]:.3e}")
+    launch = Launch(name, config.grid[:2], config.block[:2], config.smem, out_shift=e.out_shift)
+    y = emulate(exe, tmp_path, launch, g, x, qw, bias, c.channels_last)
+    check_against_reference(y, c, x, qw, bias, str(e))
 
 
 @pytest.mark.parametrize("c", CASES, ids=str)
-def test_kernel_source_matches_float64_reference(c, emulator, tmp_path):
-    _check(c, emulator("address"), tmp_path)
+def test_kernel_source_matches_float64_reference(c, conv_emulator, tmp_path):
+    _check(c, conv_emulator("address"), tmp_path)
 
 
 # Blocks that walk several pixel tiles (sms = 1 or 2: a tile's staging overwrites the patch the previous
@@ -213,5 +109,5 @@ RACE_CASES = [
 
 
 @pytest.mark.parametrize("c", RACE_CASES, ids=str)
-def test_kernel_source_has_no_shared_memory_race(c, emulator, tmp_path):
-    _check(c, emulator("thread"), tmp_path)
+def test_kernel_source_has_no_shared_memory_race(c, conv_emulator, tmp_path):
+    _check(c, conv_emulator("thread"), tmp_path)

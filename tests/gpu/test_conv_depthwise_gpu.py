@@ -5,7 +5,7 @@ kernels (Kw = 3 / 5 / 7, stride and dilation 1 along W) and the generic one (str
 rectangular kernels), NHWC with 2 channels (Ci = 130) and 1 (odd Ci, a channel multiplier, a misaligned
 x or out), and NCHW. Shapes are ragged (Ci 1, 3, 8, 48, 96, 130; images 1x1, 2x3, odd sizes, 56x56;
 batch 1, 7, 32) under fp32 / fp16 / bf16, int4 / int8, block sizes 1, a divisor of K and K, act 0 / 1 / 2,
-with and without bias. Tolerance as in test_conv_groups_gpu.py: with S = conv(|x|, |q*scale| + |offset|)
+with and without bias. Tolerance as in tests/_conv_cases.py: with S = conv(|x|, |q*scale| + |offset|)
 + |bias| and K = Kh*Kw, |y - ref| <= (3 u + K 2^-23) S + u |ref|.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from cutlass_ops.conv.geometry import ConvGeometry
 from cutlass_ops.formats import quantize_conv_weight
 from cutlass_ops.reference import conv2d_reference
 from custom_kernels.device import target_arch
-from test_conv_groups_gpu import UNIT_ROUNDOFF, Case, _check
+from _conv_cases import UNIT_ROUNDOFF, Case, check_strategy
 
 pytestmark = pytest.mark.gpu
 
@@ -75,7 +75,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_depthwise_matches_float64_reference(case):
-    _check(case, "depthwise")
+    check_strategy(case, "depthwise")
 
 
 # ---------------------------------------------------------------------------------------------

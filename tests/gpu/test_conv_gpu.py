@@ -1,4 +1,5 @@
-"""conv2d_weight_only against the float64 reference (cutlass_ops.reference.conv2d_reference).
+"""conv2d_weight_only against the float64 reference (cutlass_ops.reference.conv2d_reference). Case and
+operands: tests/_conv_cases.py.
 
 Tolerance derived from the formats: the weight is rounded to the activation dtype after
 dequantization (igemm also rounds scale and offset to it: about 2 unit roundoffs of
@@ -9,8 +10,6 @@ S = conv(|x|, |q*scale| + |offset|) + |bias| the bound is
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,68 +18,42 @@ from cutlass_ops.formats import quantize_conv_weight
 import cutlass_ops
 from cutlass_ops.conv import conv2d_output_shape, conv2d_weight_only, plan_for
 from cutlass_ops.reference import conv2d_reference
+from _conv_cases import UNIT_ROUNDOFF, Case, make
 
 pytestmark = pytest.mark.gpu
 
-UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24}
+
+def _id(case: Case) -> str:
+    """This file's test ids: no groups (every case here has groups 1), g for the block size."""
+    t = str(case.dtype).replace("torch.", "")
+    return (f"b{case.batch}_ci{case.Ci}_{case.H}x{case.W}_co{case.Co}_k{case.k}_s{case.stride}_p{case.padding}"
+            f"_d{case.dilation}_w{case.bits}_g{case.block_size}_{t}_{'nhwc' if case.channels_last else 'nchw'}"
+            f"_act{case.act}")
 
 
-@dataclass(frozen=True)
-class Case:
-    batch: int
-    Ci: int
-    H: int
-    W: int
-    Co: int
-    k: int
-    stride: int
-    padding: int
-    dilation: int
-    bits: int
-    block_size: int
-    dtype: torch.dtype
-    channels_last: bool
-    act: int
-    bias: bool = True
-
-    def __str__(self) -> str:
-        t = str(self.dtype).replace("torch.", "")
-        return (f"b{self.batch}_ci{self.Ci}_{self.H}x{self.W}_co{self.Co}_k{self.k}_s{self.stride}_p{self.padding}"
-                f"_d{self.dilation}_w{self.bits}_g{self.block_size}_{t}_{'nhwc' if self.channels_last else 'nchw'}"
-                f"_act{self.act}")
-
-
+# Case(batch, Ci, H, W, Co, k, stride, padding, dilation, groups, bits, block_size, dtype, channels_last, act)
 CASES = [
     # 3x3 pad 1, Co not a tile multiple, int4 fp16 NHWC, relu
-    Case(1, 32, 9, 9, 24, 3, 1, 1, 1, 4, 32, torch.float16, True, 1),
+    Case(1, 32, 9, 9, 24, 3, 1, 1, 1, 1, 4, 32, torch.float16, True, 1),
     # 1x1 pad 0, batch 8, int8 bf16 NCHW, relu6, per-channel-like block (= Ci)
-    Case(8, 64, 7, 7, 48, 1, 1, 0, 1, 8, 64, torch.bfloat16, False, 2),
+    Case(8, 64, 7, 7, 48, 1, 1, 0, 1, 1, 8, 64, torch.bfloat16, False, 2),
     # stride 2, fp32 (direct only), int4 NCHW, odd H/W
-    Case(1, 64, 11, 13, 70, 3, 2, 1, 1, 4, 32, torch.float32, False, 0),
+    Case(1, 64, 11, 13, 70, 3, 2, 1, 1, 1, 4, 32, torch.float32, False, 0),
     # dilation 2, int8 fp16 NHWC, relu, batch 2
-    Case(2, 32, 12, 12, 40, 3, 1, 2, 2, 8, 32, torch.float16, True, 1),
+    Case(2, 32, 12, 12, 40, 3, 1, 2, 2, 1, 8, 32, torch.float16, True, 1),
     # block 16 and Ci 48: igemm does not apply, direct runs; bf16 int4 NHWC, pad 0
-    Case(1, 48, 8, 10, 20, 3, 1, 0, 1, 4, 16, torch.bfloat16, True, 0),
+    Case(1, 48, 8, 10, 20, 3, 1, 0, 1, 1, 4, 16, torch.bfloat16, True, 0),
     # batch 8, two N tiles plus a ragged one, fp16 int4 NCHW (igemm writes NCHW), relu6
-    Case(8, 128, 5, 5, 130, 3, 1, 1, 1, 4, 64, torch.float16, False, 2),
+    Case(8, 128, 5, 5, 130, 3, 1, 1, 1, 1, 4, 64, torch.float16, False, 2),
     # deep K, few pixels: the split-K path, fp16 int4 NHWC
-    Case(1, 512, 7, 7, 64, 3, 1, 1, 1, 4, 128, torch.float16, True, 1),
+    Case(1, 512, 7, 7, 64, 3, 1, 1, 1, 1, 4, 128, torch.float16, True, 1),
     # odd Co (scalar stores), int8 fp16 NHWC 1x1, no bias
-    Case(3, 96, 6, 6, 33, 1, 1, 0, 1, 8, 32, torch.float16, True, 0, bias=False),
+    Case(3, 96, 6, 6, 33, 1, 1, 0, 1, 1, 8, 32, torch.float16, True, 0, bias=False),
     # stride 2 + padding 1, bf16 int8 NHWC (fp32 dequant path), batch 8
-    Case(8, 64, 10, 10, 64, 3, 2, 1, 1, 8, 64, torch.bfloat16, True, 1),
+    Case(8, 64, 10, 10, 64, 3, 2, 1, 1, 1, 8, 64, torch.bfloat16, True, 1),
     # fp32 NHWC int8 stride 2 dilation 2
-    Case(2, 16, 13, 11, 10, 3, 2, 2, 2, 8, 16, torch.float32, True, 2),
+    Case(2, 16, 13, 11, 10, 3, 2, 2, 2, 1, 8, 16, torch.float32, True, 2),
 ]
-
-
-def _make(case: Case, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(case.Co, case.Ci, case.k, case.k, generator=g) * 0.2
-    qw = quantize_conv_weight(w, bits=case.bits, block_size=case.block_size, symmetric=False)
-    x = torch.randn(case.batch, case.Ci, case.H, case.W, generator=g).to(case.dtype)
-    bias = (torch.randn(case.Co, generator=g) * 0.5).to(case.dtype) if case.bias else None
-    return x, qw, bias
 
 
 def _magnitude(x: torch.Tensor, qw, bias, case: Case) -> torch.Tensor:
@@ -96,7 +69,7 @@ def _magnitude(x: torch.Tensor, qw, bias, case: Case) -> torch.Tensor:
 
 
 def _run_and_check(case: Case, strategy: str, split_k=None):
-    x, qw, bias = _make(case)
+    x, qw, bias = make(case)
     ref = conv2d_reference(x, qw, bias, case.stride, case.padding, case.dilation, case.act)
     S = _magnitude(x, qw, bias, case)
 
@@ -132,13 +105,13 @@ def _igemm_applies(case: Case) -> bool:
             and torch.cuda.get_device_capability()[0] >= 8)
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=_id)
 def test_direct_matches_float64_reference(case):
     _run_and_check(case, "direct")
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.dtype != torch.float32 and c.Ci % 32 == 0
-                                  and c.block_size % 32 == 0], ids=str)
+                                  and c.block_size % 32 == 0], ids=_id)
 def test_igemm_matches_float64_reference(case):
     if not _igemm_applies(case):
         pytest.skip("igemm needs sm_80+")
@@ -149,20 +122,20 @@ def test_igemm_matches_float64_reference(case):
 def test_igemm_split_k_values(split_k):
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("igemm needs sm_80+")
-    case = Case(2, 64, 6, 6, 72, 3, 1, 1, 1, 4, 32, torch.float16, True, 2)
+    case = Case(2, 64, 6, 6, 72, 3, 1, 1, 1, 1, 4, 32, torch.float16, True, 2)
     _run_and_check(case, "igemm", split_k=split_k)
-    case_nchw = Case(2, 64, 6, 6, 72, 3, 1, 1, 1, 8, 64, torch.bfloat16, False, 1)
+    case_nchw = Case(2, 64, 6, 6, 72, 3, 1, 1, 1, 1, 8, 64, torch.bfloat16, False, 1)
     _run_and_check(case_nchw, "igemm", split_k=split_k)
 
 
 def test_auto_matches_torch_on_anchor_layer():
     """A benchmark layer (auto strategy) agrees with cuDNN on the dequantized weight."""
-    case = Case(1, 64, 56, 56, 64, 3, 1, 1, 1, 4, 64, torch.float16, True, 1)
+    case = Case(1, 64, 56, 56, 64, 3, 1, 1, 1, 1, 4, 64, torch.float16, True, 1)
     _run_and_check(case, "auto")
 
 
 def test_rejects_bad_arguments():
-    x, qw, _ = _make(CASES[0])
+    x, qw, _ = make(CASES[0])
     xg, qwg = x.cuda(), qw.to("cuda")
     with pytest.raises(ValueError, match="channels"):
         conv2d_weight_only(xg[:, :16].contiguous(), qwg)
@@ -187,7 +160,7 @@ def test_rejects_bad_arguments():
 def test_block_size_must_divide_K():
     """formats already enforces it; a hand-built weight that breaks it is still refused here (its last
     block would read past scale / offset). Blocks may span taps: 96 would divide K = 288."""
-    x, qw, _ = _make(CASES[0])
+    x, qw, _ = make(CASES[0])
     qwg = qw.to("cuda")
     qwg.block_size = 64  # set after __post_init__ on purpose: 64 does not divide K = 288
     qwg.scale = qwg.scale[:, :4].contiguous()
@@ -215,8 +188,8 @@ def test_int4_interleave_is_honoured():
 
 def test_plans_are_built_once_per_geometry():
     """A second call of the same problem reuses its plan (no rebuild, only the pointers change)."""
-    case = Case(2, 64, 6, 6, 72, 3, 1, 1, 1, 4, 32, torch.float16, False, 1)
-    x, qw, bias = _make(case)
+    case = Case(2, 64, 6, 6, 72, 3, 1, 1, 1, 1, 4, 32, torch.float16, False, 1)
+    x, qw, bias = make(case)
     xg, qwg, bg = x.cuda(), qw.to("cuda"), bias.cuda()
     plan_for.cache_clear()
     y1 = conv2d_weight_only(xg, qwg, bg, 1, 1, 1, 1, strategy="igemm", split_k=3)

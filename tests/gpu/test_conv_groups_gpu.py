@@ -3,15 +3,14 @@
 Shapes: the ResNet stem (Ci = 3, 7x7, stride 2, pad 3; int4 K = 147 stored padded to 152), Ci = 48
 and Ci = 256 with groups 1, 2, 4 and Ci (depthwise, also with a channel multiplier), each under a
 rotation of stride 1/2, padding 0/1, dilation 1/2, NCHW / channels_last, batch 1 / 7, int4 / int8
-and fp16 / bf16 / fp32. Tolerance as in tests/gpu/test_conv_gpu.py: with
-S = conv(|x|, |q*scale| + |offset|, groups) + |bias| and K = Kh*Kw*Ci/groups,
-  |y - ref| <= (3 u + K 2^-23) S + u |ref|,   u = 2^-11 (fp16), 2^-8 (bf16), 2^-24 (fp32).
+and fp16 / bf16 / fp32. Case, operands and tolerance: tests/_conv_cases.py (as in tests/gpu/test_conv_gpu.py:
+with S = conv(|x|, |q*scale| + |offset|, groups) + |bias| and K = Kh*Kw*Ci/groups,
+  |y - ref| <= (3 u + K 2^-23) S + u |ref|,   u = 2^-11 (fp16), 2^-8 (bf16), 2^-24 (fp32)).
 """
 from __future__ import annotations
 
 import copy
 import re
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -19,45 +18,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import cutlass_ops
-from cutlass_ops.conv import conv2d_output_shape, conv2d_weight_only
-from cutlass_ops.formats import quantize_conv_weight
+from cutlass_ops.conv import conv2d_weight_only
 from cutlass_ops.nn import QuantConv2d
 from cutlass_ops.quantize_model import WeightOnlyConfig
-from cutlass_ops.reference import conv2d_reference
+from _conv_cases import Case, check_strategy, make
 
 pytestmark = pytest.mark.gpu
-
-UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24}
-DT = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}
-
-
-@dataclass(frozen=True)
-class Case:
-    batch: int
-    Ci: int
-    H: int
-    W: int
-    Co: int
-    k: int
-    stride: int
-    padding: int
-    dilation: int
-    groups: int
-    bits: int
-    block_size: int | None
-    dtype: torch.dtype
-    channels_last: bool
-    act: int
-
-    @property
-    def K(self) -> int:
-        return self.k * self.k * self.Ci // self.groups
-
-    def __str__(self) -> str:
-        return (f"b{self.batch}_ci{self.Ci}_{self.H}x{self.W}_co{self.Co}_g{self.groups}_k{self.k}_s{self.stride}"
-                f"_p{self.padding}_d{self.dilation}_w{self.bits}_bs{self.block_size}_{DT[self.dtype]}"
-                f"_{'nhwc' if self.channels_last else 'nchw'}_act{self.act}")
-
 
 # (Ci, Co, groups, k, H, W, block_size): block None = one block per (co, kh, kw) over Ci/groups
 SHAPES = [
@@ -109,50 +75,9 @@ def _igemm_applies(case: Case) -> bool:
             and torch.cuda.get_device_capability()[0] >= 8)
 
 
-def _make(case: Case, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(case.Co, case.Ci // case.groups, case.k, case.k, generator=g) * 0.2
-    qw = quantize_conv_weight(w, bits=case.bits, block_size=case.block_size, symmetric=False)
-    x = torch.randn(case.batch, case.Ci, case.H, case.W, generator=g).to(case.dtype)
-    bias = (torch.randn(case.Co, generator=g) * 0.5).to(case.dtype)
-    return x, qw, bias
-
-
-def _tolerance(x, qw, bias, case: Case, ref: torch.Tensor) -> torch.Tensor:
-    Co, Kh, Kw, Cig = qw.conv_shape
-    q = qw.int_values().to(torch.float64).reshape(Co, qw.num_groups, qw.block_size)
-    mag = (q.abs() * qw.scale.double().abs()[..., None] + qw.offset.double().abs()[..., None])
-    mag = mag.reshape(Co, Kh, Kw, Cig).permute(0, 3, 1, 2)
-    S = F.conv2d(x.double().abs(), mag, bias.double().abs(), case.stride, case.padding, case.dilation, case.groups)
-    u = UNIT_ROUNDOFF[case.dtype]
-    return (3 * u + case.K * 2.0 ** -23) * S + u * ref.abs()
-
-
-def _check(case: Case, strategy: str) -> None:
-    x, qw, bias = _make(case)
-    ref = conv2d_reference(x, qw, bias, case.stride, case.padding, case.dilation, case.act, groups=case.groups)
-    tol = _tolerance(x, qw, bias, case, ref)
-    fmt = torch.channels_last if case.channels_last else torch.contiguous_format
-    xg = x.cuda().contiguous(memory_format=fmt)
-    Oh, Ow = conv2d_output_shape(case.H, case.W, case.k, case.k, (case.stride,) * 2, (case.padding,) * 2,
-                                 (case.dilation,) * 2)
-    out = torch.full((case.batch, case.Co, Oh, Ow), float("nan"), dtype=case.dtype, device="cuda")
-    out = out.contiguous(memory_format=fmt)  # poisoned: every element must be written
-    y = conv2d_weight_only(xg, qw.to("cuda"), bias.cuda(), case.stride, case.padding, case.dilation, case.act,
-                           case.groups, out=out, strategy=strategy)
-    torch.cuda.synchronize()
-    assert y is out and y.shape == ref.shape and y.is_contiguous(memory_format=fmt)
-    got = y.double().cpu()
-    assert bool(torch.isfinite(got).all()), "unwritten (NaN) outputs"
-    err = (got - ref).abs()
-    worst = int(torch.argmax(err - tol))
-    assert bool((err <= tol).all()), (f"{case} [{strategy}]: max err {err.max():.3e}, at the worst index err "
-                                      f"{err.flatten()[worst]:.3e} > tol {tol.flatten()[worst]:.3e}")
-
-
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_auto_matches_float64_reference(case):
-    _check(case, "auto")
+    check_strategy(case, "auto")
 
 
 # Grouped cases igemm can take (auto picks it on sm_80+): both strategies forced.
@@ -165,7 +90,7 @@ IGEMM_GROUPED = [c for c in CASES if c.groups > 1 and c.Ci == 256 and c.Co // c.
 def test_grouped_strategies_match_float64_reference(case, strategy):
     if strategy == "igemm" and not _igemm_applies(case):
         pytest.skip("igemm needs sm_80+")
-    _check(case, strategy)
+    check_strategy(case, strategy)
 
 
 def test_igemm_refuses_the_groups_it_cannot_run():
@@ -173,7 +98,7 @@ def test_igemm_refuses_the_groups_it_cannot_run():
     for Ci, Co, groups, block_size, reason in ((256, 96, 2, 64, "(Co / groups) % 64"),
                                                (48, 48, 48, 9, "Ci / groups % 32")):
         case = Case(1, Ci, 6, 6, Co, 3, 1, 1, 1, groups, 4, block_size, torch.float16, True, 0)
-        x, qw, bias = _make(case)
+        x, qw, bias = make(case)
         with pytest.raises(ValueError, match=f"strategy='igemm' cannot run this conv: .*{re.escape(reason)}"):
             conv2d_weight_only(x.cuda().contiguous(memory_format=torch.channels_last), qw.to("cuda"), bias.cuda(),
                                1, 1, 1, 0, groups, strategy="igemm")

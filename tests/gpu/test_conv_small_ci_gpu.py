@@ -6,7 +6,7 @@ second channel tile) and grouped (Co / groups = 96 and 12); kernels 1 / 3 / 5 / 
 padding 0 / 1 / 3; dilation 1 / 2; NCHW and channels_last (16-byte vector stores when Co / groups is a
 multiple of 8 and out is aligned, scalar stores otherwise); fp32 / fp16 / bf16; int4 / int8; block sizes
 1, a divisor of Ci, whole taps and K; act 0 / 1 / 2; bias present and None. Tolerance as in
-test_conv_groups_gpu.py: with S = conv(|x|, |q*scale| + |offset|) + |bias| and K = Kh*Kw*Ci/groups,
+tests/_conv_cases.py: with S = conv(|x|, |q*scale| + |offset|) + |bias| and K = Kh*Kw*Ci/groups,
 |y - ref| <= (3 u + K 2^-23) S + u |ref|. The kernel's own source also runs on the CPU under sanitizers
 (tests/test_conv_small_ci_host_emulation.py); this file checks what only the GPU shows: the NVRTC build,
 the launch (dynamic shared memory above 48 KiB, the occupancy query), the compiled code itself.
@@ -21,7 +21,7 @@ from cutlass_ops.conv.geometry import ConvGeometry, conv_kernel
 from cutlass_ops.conv.small_ci import BLOCKS_PER_SM, THREADS, SmallCiPlan, launch_config, smem_bytes
 from cutlass_ops.reference import conv2d_reference
 from custom_kernels.device import sm_count, target_arch
-from test_conv_groups_gpu import Case, _check, _make, _tolerance
+from _conv_cases import Case, check_strategy, make, tolerance
 
 pytestmark = pytest.mark.gpu
 
@@ -74,11 +74,11 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_small_ci_matches_float64_reference(case):
-    _check(case, "small_ci")
+    check_strategy(case, "small_ci")
 
 
 def _run(case: Case, bias: torch.Tensor | None, out: torch.Tensor | None = None):
-    x, qw, _ = _make(case)
+    x, qw, _ = make(case)
     fmt = torch.channels_last if case.channels_last else torch.contiguous_format
     y = conv2d_weight_only(x.cuda().contiguous(memory_format=fmt), qw.to("cuda"), bias, case.stride, case.padding,
                            case.dilation, case.act, case.groups, out=out, strategy="small_ci")
@@ -87,10 +87,10 @@ def _run(case: Case, bias: torch.Tensor | None, out: torch.Tensor | None = None)
 
 
 def _assert_close(y: torch.Tensor, case: Case, bias_used: torch.Tensor | None) -> None:
-    x, qw, bias = _make(case)
+    x, qw, bias = make(case)
     ref = conv2d_reference(x, qw, bias_used, case.stride, case.padding, case.dilation, case.act, groups=case.groups)
     # no bias: the tolerance of a zero bias
-    tol = _tolerance(x, qw, torch.zeros_like(bias) if bias_used is None else bias_used, case, ref)
+    tol = tolerance(x, qw, torch.zeros_like(bias) if bias_used is None else bias_used, case, ref)
     got = y.double().cpu()
     assert bool(torch.isfinite(got).all()), f"{case}: unwritten (NaN) outputs"
     err = (got - ref).abs()
@@ -117,7 +117,7 @@ def test_small_ci_unaligned_out(channels_last):
     out = base[1:].view(shape)
     out = out.permute(0, 3, 1, 2) if channels_last else out
     assert out.data_ptr() % 16 != 0
-    _, _, bias = _make(case)
+    _, _, bias = make(case)
     y = _run(case, bias.cuda(), out=out)
     assert y is out and bool(torch.isnan(base[0]))  # nothing written before out
     _assert_close(y, case, bias)
@@ -126,7 +126,7 @@ def test_small_ci_unaligned_out(channels_last):
 def test_small_ci_refuses_what_does_not_fit():
     """K = 3*3*64 = 576 needs 147 KiB of weights in shared memory: the API names the reason."""
     case = Case(1, 64, 9, 9, 64, 3, 1, 1, 1, 1, 4, 64, F16, True, 0)
-    x, qw, bias = _make(case)
+    x, qw, bias = make(case)
     with pytest.raises(ValueError, match="strategy='small_ci' cannot run this conv: .*shared memory"):
         conv2d_weight_only(x.cuda().contiguous(memory_format=torch.channels_last), qw.to("cuda"), bias.cuda(), 1, 1,
                            strategy="small_ci")
