@@ -187,7 +187,7 @@ class DepthwisePlan:
             self.launch = self._nhwc_launch(load(name), vector, device)
             if vector > 1:
                 self.fallback = self._nhwc_launch(load(kernel_name(geometry, dtype, bits, True, 1)), 1, device)
-                self.alignment = vector * torch.empty((), dtype=dtype).element_size()
+                self.alignment = vector * dtype.itemsize
         else:
             tile = nchw_tile(geometry)
             config = LaunchConfig.of(tile.grid, (tile.tx, tile.ty), tile.smem)
