@@ -11,7 +11,8 @@ everything is derived from the families' own pure functions,
   ``w8a8.tiles.TileConfig.defines``);
 - which plan the dispatch can pick: ``weight_only.candidate_strategies`` over every M (it is constant
   from ``candidates_constant_from()`` on) and ``weight_only.plan_class`` (the act-order plan on sm_90+),
-  ``conv.igemm.igemm_problem``, ``w8a8.tiles.default_configs`` and ``w8a8.fused.config_problem``;
+  ``conv.igemm.igemm_problem`` and ``conv.auto_strategy``, ``w8a8.tiles.default_configs`` and
+  ``w8a8.fused.config_problem``;
 - the variant a plan builds by default: ``weight_only.default_gemv_mma_config`` (and the other
   ``default_*`` of ``weight_only.variants``), read by the plans' ``kernels`` as by their constructors.
 
@@ -116,11 +117,20 @@ def conv2d_kernels(dtype: torch.dtype, bits: int, channels_last: bool, Ci: int, 
     """What ``cutlass_ops.conv2d`` loads by default (strategy "auto") for a weight [Co, Ci / groups, Kh, Kw]
     of ``bits`` in blocks of ``block_size`` and ``dtype`` activations on sm_``cc`` (16-byte aligned
     operands: a misaligned one makes igemm fall back to direct)."""
+    from cutlass_ops.conv import AUTO_SMALL_CI_MAX
+    from cutlass_ops.conv.depthwise import DepthwisePlan
     from cutlass_ops.conv.direct import DirectPlan
     from cutlass_ops.conv.igemm import IgemmPlan, igemm_problem
+    from cutlass_ops.conv.small_ci import SmallCiPlan
 
-    igemm = igemm_problem(dtype, Ci // groups, Co, groups, block_size, cc) is None
-    return _uses((IgemmPlan if igemm else DirectPlan).kernels(dtype, bits, channels_last))
+    if igemm_problem(dtype, Ci // groups, Co, groups, block_size, cc) is None:
+        return _uses(IgemmPlan.kernels(dtype, bits, channels_last))
+    uses = _uses(DirectPlan.kernels(dtype, bits, channels_last))  # what a kernel size the others refuse gets
+    if groups == Ci > 1 and Co % Ci == 0:
+        uses |= _uses(DepthwisePlan.kernels(dtype, bits, channels_last))
+    elif groups == 1 and Ci <= AUTO_SMALL_CI_MAX:
+        uses |= _uses(SmallCiPlan.kernels(dtype, bits, channels_last))
+    return uses
 
 
 def quantize_activation_kernels(dtype: torch.dtype, block_size: int) -> set[KernelUse]:
@@ -205,15 +215,19 @@ def _weight_only(cc: int, pdl: bool):
 
 
 def _conv(cc: int):
+    from cutlass_ops.conv.depthwise import DepthwisePlan
     from cutlass_ops.conv.direct import DirectPlan
     from cutlass_ops.conv.geometry import DTYPE_CODES
     from cutlass_ops.conv.igemm import BK, BN, IgemmPlan, igemm_problem
+    from cutlass_ops.conv.small_ci import SmallCiPlan
 
     for dtype in DTYPE_CODES:
         igemm = igemm_problem(dtype, BK, BN, 1, BK, cc) is None  # igemm runs some conv of dtype on this arch
         for bits in BITS:
             for channels_last in (False, True):
                 yield "conv", _uses(DirectPlan.kernels(dtype, bits, channels_last))  # the fallback, any conv
+                yield "conv", _uses(DepthwisePlan.kernels(dtype, bits, channels_last))  # groups = Ci, any arch
+                yield "conv", _uses(SmallCiPlan.kernels(dtype, bits, channels_last))  # stems, any arch
                 if igemm:
                     yield "conv", _uses(IgemmPlan.kernels(dtype, bits, channels_last))
 

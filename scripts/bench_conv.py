@@ -13,7 +13,7 @@ channels_last (issue 18's targets: every layer <= 1.5x, '!' marks a miss; the ge
 batch <= 1.0x), and with ``--splits`` a split-K sweep of ours (int4, NHWC, igemm layers only) to
 show how far the automatic choice is from the best. ``--prefer depthwise small_ci`` times, on each
 layer one of those strategies can run, that strategy instead of "auto" (the auto column names what
-ran). The quantization block is ``--block-size`` where it divides K = Kh*Kw*Ci/groups, else the
+ran; "auto" itself picks depthwise for groups = Ci and small_ci for stems of <= 4 channels). The quantization block is ``--block-size`` where it divides K = Kh*Kw*Ci/groups, else the
 largest divisor of K below it (the stem: 49 of 147; depthwise: the whole row, 9 or 49). A layer the
 API refuses gets the cell "refused: <reason>".
 GPU times from CUDA graphs of repeated calls (no host time, operands warm in L2 as a network's
@@ -38,7 +38,8 @@ import torch.nn.functional as F
 from _timing import write_report
 
 import cutlass_ops
-from cutlass_ops.conv import FORCED_ONLY, ConvGeometry, conv2d_output_shape, conv2d_weight_only, forced_problem
+from cutlass_ops.conv import STAGED, ConvGeometry, auto_strategy as conv_auto_strategy, conv2d_output_shape, \
+    conv2d_weight_only, strategy_problem
 from cutlass_ops.conv.igemm import igemm_problem
 from cutlass_ops.formats import quantize_conv_weight
 
@@ -183,7 +184,7 @@ def bench_graph_us(fn, calls: int = GRAPH_CALLS) -> float:
 def auto_strategy(layer: Layer, block_size: int) -> str:
     """What strategy "auto" runs for this layer on an sm_80+ GPU (16-byte aligned operands)."""
     problem = igemm_problem(torch.float16, layer.Ci // layer.groups, layer.Co, layer.groups, block_size)
-    return "igemm" if problem is None else "direct"
+    return conv_auto_strategy(layer_geometry(layer, block_size), torch.float16, problem)
 
 
 def layer_geometry(layer: Layer, block_size: int) -> ConvGeometry:
@@ -197,7 +198,7 @@ def layer_geometry(layer: Layer, block_size: int) -> ConvGeometry:
 def strategy_for(layer: Layer, block_size: int, prefer=()) -> str:
     """The first strategy of ``prefer`` that can run the layer (fp16), else "auto"."""
     for strategy in prefer:
-        if forced_problem(strategy, layer_geometry(layer, block_size), torch.float16) is None:
+        if strategy_problem(strategy, layer_geometry(layer, block_size), torch.float16) is None:
             return strategy
     return "auto"
 
@@ -344,7 +345,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--splits", type=int, nargs="*", default=None,
                    help=f"also sweep split_k of the int4 NHWC igemm layers over these values ('--splits' alone: "
                         f"{' '.join(map(str, SPLITS))}; default: no sweep, it multiplies the run time)")
-    p.add_argument("--prefer", nargs="+", default=[], choices=FORCED_ONLY,
+    p.add_argument("--prefer", nargs="+", default=[], choices=STAGED,
                    help="strategies to time instead of auto on the layers they can run, first match wins")
     args = p.parse_args(argv)
     if args.block_size < 1:
@@ -373,8 +374,9 @@ def main(argv=None) -> int:
              f"(issue 18: every layer <= {RATIO_LIMIT}x, '!' marks a miss; geometric mean per batch <= "
              f"{GEOMEAN_LIMIT:.1f}x).",
              "block: the quantization block along K = k*k*Ci/groups (block_size, or the largest divisor of K",
-             "below it). auto: the strategy that ran (\"auto\" picks igemm: tensor cores, or direct: one thread per "
-             "output" + (f"; {', '.join(args.prefer)} where they apply (--prefer)" if args.prefer else "") + ").",
+             "below it). auto: the strategy that ran (\"auto\" picks igemm: tensor cores; depthwise for groups = Ci; "
+             "small_ci for a stem of <= 4 channels; else direct: one thread per output"
+             + (f"; {', '.join(args.prefer)} where they apply (--prefer)" if args.prefer else "") + ").",
              "eager: median per eager call (do_bench; host launch cost included where it exceeds the kernel",
              "time). refused: the API raised; that layer is left out of the geometric mean."
              + (f" w4 best split: the split-K sweep over {args.splits} (int4 NHWC, igemm layers)." if with_sweep

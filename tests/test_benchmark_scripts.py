@@ -68,11 +68,12 @@ def test_auto_strategy_of_the_layer_set():
     for layer in bench_conv.layer_set([1]):
         strategies[bench_conv.layer_kind(layer)].add(
             bench_conv.auto_strategy(layer, bench_conv.block_size_for(layer.K, 64)))
-    assert strategies == {"ResNet-50": {"igemm"}, "stem": {"direct"}, "depthwise": {"direct"}}
+    assert strategies == {"ResNet-50": {"igemm"}, "stem": {"small_ci"}, "depthwise": {"depthwise"}}
 
 
 def test_prefer_times_the_forced_strategies_where_they_apply():
-    """--prefer depthwise small_ci: the depthwise layers take depthwise, the stem small_ci, the rest auto."""
+    """--prefer depthwise small_ci: the depthwise layers take depthwise, the stem small_ci (what auto picks
+    too), the rest auto."""
     picked = {bench_conv.layer_kind(layer): set() for layer in bench_conv.layer_set([1, 32])}
     for layer in bench_conv.layer_set([1, 32]):
         block = bench_conv.block_size_for(layer.K, 64)

@@ -137,9 +137,27 @@ def test_geometry_and_dispatch_of_groups():
         return igemm_unsupported(x, False, qw, Cig, 0, groups)
 
     assert "Ci / groups % 32 == 0, got Ci / groups = 24 (groups=2)" in reason(40, 24, 2, None)
-    assert "Ci / groups % 32 == 0, got Ci / groups = 1" in reason(48, 1, 48, 9)  # depthwise: direct
+    assert "Ci / groups % 32 == 0, got Ci / groups = 1" in reason(48, 1, 48, 9)  # depthwise: not igemm
     assert "(Co / groups) % 64 == 0 for groups > 1, got Co=96, groups=2" in reason(96, 64, 2, 64)
     assert "block_size % 32 == 0" in reason(128, 64, 2, 16)
+
+
+@pytest.mark.parametrize("Ci, Co, groups, k, block_size, smem_limit, expected", [
+    (64, 64, 1, 3, 64, None, "igemm"),         # igemm applies: it wins whatever else could run
+    (48, 48, 48, 3, 9, None, "depthwise"),     # groups = Ci
+    (24, 48, 24, 7, 49, None, "depthwise"),    # channel multiplier 2
+    (3, 64, 1, 7, 49, None, "small_ci"),       # the ResNet stem
+    (4, 32, 1, 3, 9, None, "small_ci"),        # RGBA
+    (3, 64, 1, 7, 49, 32 * 1024, "direct"),    # the stem's 52.7 KB of shared memory over the GPU's limit
+    (5, 64, 1, 3, 9, None, "direct"),          # more input channels than a stem: not measured, direct
+    (8, 8, 2, 3, 9, None, "direct"),           # grouped, not depthwise
+])
+def test_auto_strategy(Ci, Co, groups, k, block_size, smem_limit, expected):
+    from cutlass_ops.conv import auto_strategy
+
+    g = ConvGeometry(2, 56, 56, Ci, 56, 56, Co, k, k, 1, 1, k // 2, k // 2, 1, 1, block_size, 0, groups)
+    igemm_reason = None if expected == "igemm" else "igemm does not apply"
+    assert auto_strategy(g, torch.float16, igemm_reason, smem_limit) == expected
 
 
 # ---------------------------------------------------------------------------------------------

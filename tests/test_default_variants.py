@@ -220,6 +220,8 @@ def recorder(monkeypatch):
     """(recorded loads, set_gpu(cc, sms)): every ``load_kernel`` the plans make, nothing compiled or loaded."""
     from custom_kernels import launch
     from cutlass_ops import conv, weight_only
+    from cutlass_ops.conv import depthwise as conv_depthwise
+    from cutlass_ops.conv import small_ci as conv_small_ci
     from cutlass_ops.weight_only import dequant_cublas, gemm_small_m, gemv_mma, gemv_stream, splitk
 
     recorded: set[KernelUse] = set()
@@ -239,9 +241,10 @@ def recorder(monkeypatch):
     monkeypatch.setattr(weight_only, "capability", lambda device=None: gpu["cc"])
     for module in (weight_only, dequant_cublas):
         monkeypatch.setattr(module, "on_device", lambda device: contextlib.nullcontext())
-    for module in (gemv_mma, splitk, gemv_stream, dequant_cublas, gemm_small_m, conv):
-        monkeypatch.setattr(module, "sm_count", lambda device: gpu["sms"])
-    for module in (gemv_stream, gemm_small_m):
+    for module in (gemv_mma, splitk, gemv_stream, dequant_cublas, gemm_small_m, conv, conv_depthwise, conv_small_ci):
+        if hasattr(module, "sm_count"):
+            monkeypatch.setattr(module, "sm_count", lambda device: gpu["sms"])
+    for module in (gemv_stream, gemm_small_m, conv_small_ci):
         monkeypatch.setattr(module, "smem_limits", lambda device: (233472, 232448, 1024))  # H100
     for module in (launch, conv):
         monkeypatch.setattr(module, "target_arch", lambda device=None: dv.nvrtc_target(gpu["cc"]))
@@ -294,23 +297,25 @@ def test_weight_only_plans_load_what_their_kernels_name(recorder, cc):
 
 @pytest.mark.parametrize("cc", [75, 86, 90])
 def test_conv_plans_load_what_their_kernels_name(recorder, cc):
-    from cutlass_ops.conv import conv2d_output_shape, plan_for
+    from cutlass_ops.conv import ConvGeometry, auto_strategy, conv2d_output_shape, plan_for
     from cutlass_ops.conv.igemm import igemm_problem
 
     recorded, set_gpu = recorder
     seen = set()
-    KINDS = ("conv_direct", "conv_igemm", "conv_nchw_to_nhwc", "conv_splitk_reduce")
+    KINDS = ("conv_direct", "conv_igemm", "conv_nchw_to_nhwc", "conv_splitk_reduce", "conv_depthwise",
+             "conv_small_ci")
     for dtype, bits, channels_last, Ci, Co, groups, block_size in conv_grid():
         for batch, H, sms in ((1, 7, 132), (8, 28, 8)):  # split along K or not
             set_gpu(cc, sms)
             Oh, Ow = conv2d_output_shape(H, H, 3, 3, (1, 1), (1, 1), (1, 1))
             dims = (batch, H, H, Ci, Oh, Ow, Co, 3, 3, 1, 1, 1, 1, 1, 1, block_size, 1, groups)
-            strategy = "igemm" if igemm_problem(dtype, Ci // groups, Co, groups, block_size, cc) is None else "direct"
+            strategy = auto_strategy(ConvGeometry(*dims), dtype,
+                                     igemm_problem(dtype, Ci // groups, Co, groups, block_size, cc))
             plan_for.__wrapped__(strategy, dtype, bits, channels_last, dims, None, 0)  # the plan cache bypassed
             named = dv.conv2d_kernels(dtype, bits, channels_last, Ci, Co, groups, block_size, cc)
             assert recorded and recorded <= named, sorted(recorded - named)
             seen |= {next(k for k in KINDS if use.name.startswith(k)) for use in recorded}
-    assert seen == set(KINDS[:1] if cc < 80 else KINDS)
+    assert seen == set(KINDS[:1] + KINDS[4:] if cc < 80 else KINDS)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ kept in a bounded cache; a call looks its plan up and launches it):
 
 - ``"direct"`` (:mod:`.direct`): one thread per output element, fp32 accumulation. Any dtype,
   NCHW or NHWC, any Ci, groups and block size, any GPU. The correctness baseline, and what runs
-  depthwise convs (Kh*Kw taps per output element) and the int4 stem (K = 147, rows padded to 152).
+  every conv no other strategy takes.
 - ``"igemm"`` (:mod:`.igemm`): implicit GEMM on tensor cores (mma.sync, sm_80+) for fp16/bf16
   with Ci/groups % 32 == 0, block_size % 32 == 0 and, when grouped, (Co/groups) % 64 == 0; an
   NCHW input is transposed to NHWC first, small problems are split along K.
@@ -17,8 +17,10 @@ kept in a bounded cache; a call looks its plan up and launches it):
 - ``"small_ci"`` (:mod:`.small_ci`): few input channels per group (CNN stems, Ci = 3), a tile of output
   pixels and channels per block over the weights dequantized into shared memory.
 
-``"auto"`` picks igemm where it applies, else direct. ``"depthwise"`` and ``"small_ci"`` run only when
-asked for (forced) until a GPU run has checked them against the references and cuDNN.
+``"auto"`` (:func:`auto_strategy`) picks igemm where it applies, else depthwise for groups = Ci, else
+small_ci for an ungrouped conv of at most ``AUTO_SMALL_CI_MAX`` input channels (an RGB(A) or grey stem),
+else direct. Measured on an H200 (scripts/results/nvidia-h200/bench_conv.md): depthwise 3x3 / 7x7 at
+0.62-1.28x cuDNN NHWC, the ResNet stem at 1.2-1.8x cuDNN where direct took 35x.
 
 ``cutlass_ops.conv2d`` validates the operands (types, dtypes, ranks, devices) and calls
 :func:`conv2d_weight_only`, which keeps only the rules of its own arguments (``out``,
@@ -35,14 +37,14 @@ from cutlass_ops._validate import (
     FLOAT_DTYPES, check_choice, check_cuda, check_dtype, check_groups, check_int, check_same_device, check_shape,
     parse_activation, parse_pair,
 )
-from custom_kernels.device import current_device, on_device, sm_count, target_arch
+from custom_kernels.device import current_device, on_device, sm_count, smem_limits, target_arch
 
 from .direct import DirectPlan
 from .geometry import DTYPE_CODES, ConvGeometry, conv2d_output_shape
 from .igemm import IgemmPlan, igemm_unsupported
 
-__all__ = ["conv2d_weight_only", "conv2d_output_shape", "plan_for", "ConvGeometry", "STRATEGIES", "FORCED_ONLY",
-           "forced_problem"]
+__all__ = ["conv2d_weight_only", "conv2d_output_shape", "plan_for", "ConvGeometry", "STRATEGIES", "STAGED",
+           "AUTO_SMALL_CI_MAX", "auto_strategy", "strategy_problem"]
 
 STRATEGIES = ("auto", "direct", "igemm", "depthwise", "small_ci")
 _INT32_MAX = 2 ** 31 - 1
@@ -59,17 +61,17 @@ def plan_for(strategy: str, dtype: torch.dtype, bits: int, channels_last: bool, 
     arch = target_arch(device)
     if strategy == "direct":
         return DirectPlan(geometry, dtype, bits, channels_last, device, arch)
-    if strategy in FORCED_ONLY:
-        return _forced_only(strategy)[0](geometry, dtype, bits, channels_last, device, arch)
+    if strategy in STAGED:
+        return _staged(strategy)[0](geometry, dtype, bits, channels_last, device, arch)
     return IgemmPlan(geometry, dtype, bits, channels_last, device, arch, sm_count(device), split_k)
 
 
-FORCED_ONLY = ("depthwise", "small_ci")  # strategies "auto" does not pick yet: a caller forces them
+STAGED = ("depthwise", "small_ci")  # strategies over weights staged in shared memory, imported on first use
+AUTO_SMALL_CI_MAX = 4  # "auto" sends ungrouped convs of <= 4 input channels (RGB(A) / grey stems) to small_ci
 
 
-def _forced_only(strategy: str):
-    """(plan class, unsupported(geometry, dtype) -> reason or None) of a FORCED_ONLY strategy, imported on
-    first use."""
+def _staged(strategy: str):
+    """(plan class, unsupported(geometry, dtype) -> reason or None) of a STAGED strategy."""
     if strategy == "depthwise":
         from .depthwise import DepthwisePlan, depthwise_unsupported
 
@@ -79,10 +81,34 @@ def _forced_only(strategy: str):
     return SmallCiPlan, small_ci_unsupported
 
 
-def forced_problem(strategy: str, geometry: ConvGeometry, dtype: torch.dtype) -> str | None:
-    """Why the FORCED_ONLY ``strategy`` cannot run ``geometry`` with ``dtype`` activations (None: it can).
+def strategy_problem(strategy: str, geometry: ConvGeometry, dtype: torch.dtype) -> str | None:
+    """Why the STAGED ``strategy`` cannot run ``geometry`` with ``dtype`` activations (None: it can).
     Pure: no GPU."""
-    return _forced_only(strategy)[1](geometry, dtype)
+    return _staged(strategy)[1](geometry, dtype)
+
+
+def auto_strategy(geometry: ConvGeometry, dtype: torch.dtype, igemm_reason: str | None,
+                  smem_limit: int | None = None) -> str:
+    """The strategy "auto" runs: igemm where it applies (``igemm_reason`` None), else depthwise (groups =
+    Ci), else small_ci (groups = 1, Ci <= AUTO_SMALL_CI_MAX, its shared memory within ``smem_limit``
+    bytes per block: the GPU's opt-in maximum; None: the strategy's own budget), else direct. Pure."""
+    if igemm_reason is None:
+        return "igemm"
+    g = geometry
+    if g.groups == g.Ci and g.groups > 1 and strategy_problem("depthwise", g, dtype) is None:
+        return "depthwise"
+    if g.groups == 1 and g.Ci <= AUTO_SMALL_CI_MAX:
+        from .small_ci import SMEM_BUDGET, small_ci_unsupported
+
+        if small_ci_unsupported(g, dtype, SMEM_BUDGET if smem_limit is None else smem_limit) is None:
+            return "small_ci"
+    return "direct"
+
+
+@functools.lru_cache(maxsize=None)
+def _smem_optin(device: int) -> int:
+    """The opt-in maximum of dynamic shared memory per block of ``device`` (a constant of the GPU)."""
+    return smem_limits(device)[1]
 
 
 def _pair(value, name: str, minimum: int) -> tuple[int, int]:
@@ -170,15 +196,15 @@ def conv2d_weight_only(x: torch.Tensor, qw, bias: torch.Tensor | None = None, st
     current = current_device()
     if device is None:
         device = current
+    dims = (batch, H, W, groups * Ci, Oh, Ow, Co, Kh, Kw, *stride, *padding, *dilation, qw.block_size, act, groups)
     if strategy == "auto" or strategy == "igemm":
         reason = igemm_unsupported(x, channels_last, qw, Ci, device, groups)
         if reason is not None and strategy == "igemm":
             raise ValueError(f"strategy='igemm' cannot run this conv: {reason}")
-        strategy = "direct" if reason is not None else "igemm"
-
-    dims = (batch, H, W, groups * Ci, Oh, Ow, Co, Kh, Kw, *stride, *padding, *dilation, qw.block_size, act, groups)
-    if strategy in FORCED_ONLY:
-        reason = forced_problem(strategy, ConvGeometry(*dims), x.dtype)
+        strategy = ("igemm" if reason is None
+                    else auto_strategy(ConvGeometry(*dims), x.dtype, reason, _smem_optin(device)))
+    elif strategy in STAGED:
+        reason = strategy_problem(strategy, ConvGeometry(*dims), x.dtype)
         if reason is not None:
             raise ValueError(f"strategy={strategy!r} cannot run this conv: {reason}")
     plan = plan_for(strategy, x.dtype, qw.bits, channels_last, dims, split_k, device)

@@ -153,7 +153,7 @@ def test_depthwise_rectangular_kernels_and_no_bias(params):
 @pytest.mark.parametrize("dtype", [F16, F32])
 @pytest.mark.parametrize("kernel, bias", [((3, 3), True), ((3, 3), False), ((5, 5), True)])
 def test_misaligned_x_and_out_take_the_one_channel_kernel(dtype, kernel, bias):
-    _run(2, 48, 1, 9, 10, kernel, (1, 1), (1, 1), (1, 1), 4, 3, dtype, True, 1, bias, misalign=True)
+    _run(2, 48, 1, 9, 10, kernel, (1, 1), (1, 1), (1, 1), 4, kernel[1], dtype, True, 1, bias, misalign=True)
     _run(2, 48, 1, 9, 10, kernel, (2, 2), (1, 1), (1, 1), 8, 1, dtype, True, 0, bias, misalign=True)
 
 

@@ -94,7 +94,7 @@ def test_grouped_strategies_match_float64_reference(case, strategy):
 
 
 def test_igemm_refuses_the_groups_it_cannot_run():
-    """Every strategy auto can pick takes groups or is excluded: igemm refuses these, auto runs direct."""
+    """igemm refuses the groups it cannot run (auto then runs depthwise or direct)."""
     for Ci, Co, groups, block_size, reason in ((256, 96, 2, 64, "(Co / groups) % 64"),
                                                (48, 48, 48, 9, "Ci / groups % 32")):
         case = Case(1, Ci, 6, 6, Co, 3, 1, 1, 1, groups, 4, block_size, torch.float16, True, 0)
