@@ -12,6 +12,7 @@ reach the same implementation.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,6 +28,9 @@ from cutlass_ops import act_order, plan_cache
 from cutlass_ops.finite_check import check_finite_once, check_per_col_inputs
 from cutlass_ops.w8a8 import PATHS as W8A8_PATHS  # the family's own list (importing it loads no GPU code)
 
+if TYPE_CHECKING:
+    from cutlass_ops.w8a8.block_scaled import BlockScaledWeight
+
 # The function object itself: Dynamo knows it (True while tracing), and a module-level name saves
 # the attribute lookups on the eager per-call path.
 _is_compiling = torch.compiler.is_compiling
@@ -34,6 +38,7 @@ _is_compiling = torch.compiler.is_compiling
 __all__ = [
     "QuantizedWeight", "quantize_weight", "quantize_conv_weight", "quantize_activation", "linear",
     "conv2d", "linear_w8a8", "int8_gemm", "int8_gemm_requant", "W8A8_PATHS",
+    "linear_w8a8_block_scaled",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -84,8 +89,8 @@ def _check_devices(function: str, primary_name: str, primary: torch.Tensor,
     check_same_device(others, primary.device, primary_name)
     if qw is not None:
         for field in ("qweight", "scale", "offset"):
-            t = getattr(qw, field)
-            if t.device != primary.device:
+            t = getattr(qw, field, None)  # a BlockScaledWeight has no offset
+            if t is not None and t.device != primary.device:
                 raise ValueError(f"qw.{field} is on {t.device} but {primary_name} is on {primary.device}; "
                                  f"move the weight with qw.to({primary_name}.device)")
 
@@ -234,6 +239,48 @@ def linear_w8a8(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None 
     from cutlass_ops.w8a8 import linear_w8a8 as _impl
     out = _impl(x2d, qw, None if bias is None else bias.contiguous(), act, path=path)
     return out.reshape(*x.shape[:-1], qw.N)
+
+
+def _check_block_scaled(qw) -> BlockScaledWeight:
+    """``qw`` is a BlockScaledWeight of a block size the kernel takes, its fields checked again after an
+    in-place change of its tensors (while torch.compile traces: not again, a data-dependent check)."""
+    from cutlass_ops.w8a8.block_scaled import BlockScaledWeight  # pure torch, loaded on first use
+    from cutlass_ops.w8a8.tiles import BLOCK_SCALED_SIZES
+    if not isinstance(qw, BlockScaledWeight):
+        raise TypeError(f"qw must be a BlockScaledWeight (see cutlass_ops.quantize_weight_block_scaled), "
+                        f"got {type(qw).__name__}")
+    if qw.block_size not in BLOCK_SCALED_SIZES:
+        raise ValueError(f"the block-scaled W8A8 kernel needs qw.block_size in {BLOCK_SCALED_SIZES}, "
+                         f"got {qw.block_size}")
+    if not _is_compiling():
+        torch_ops.block_scaled_view(qw.qweight, qw.scale, qw.block_size)
+    return qw
+
+
+def linear_w8a8_block_scaled(x: torch.Tensor, qw: BlockScaledWeight, bias: torch.Tensor | None = None,
+                             activation=None) -> torch.Tensor:
+    """Block-scaled symmetric W8A8 (DeepSeek-V3's recipe in int8; Hopper, sm_90a, only): x quantized
+    symmetric per row and K block of qw.block_size, an int8 GEMM per block, one scale per (row, K block)
+    times one per weight tile: act(sum_j sA sW Cq_j + bias). x [..., K] -> [..., N].
+
+    qw: a :class:`BlockScaledWeight` (``quantize_weight_block_scaled``) with block_size 64, 128 or 256,
+    on x's device. Other GPUs raise ValueError (the kernel is Hopper's wgmma); the float64 reference is
+    ``cutlass_ops.w8a8.block_scaled.linear_block_scaled_reference``.
+    """
+    _check_block_scaled(qw)
+    check_dtype(x, "x", FLOAT_DTYPES)
+    _check_last_dim(x, "x", qw.K)
+    _check_bias(bias, qw.N)
+    act = parse_activation(activation)
+    _check_devices("linear_w8a8_block_scaled", "x", x, {"bias": bias}, qw)
+    bias = None if bias is None else bias.contiguous()
+    if _through_op(x, bias) or (torch.is_grad_enabled() and qw.scale.requires_grad):
+        return torch.ops.cutlass_ops.linear_w8a8_block_scaled(x, qw.qweight, qw.scale, bias, act, qw.block_size)
+    x2d = x.reshape(-1, qw.K).contiguous()
+    if x2d.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], qw.N)
+    from cutlass_ops.w8a8.block_scaled import linear_w8a8_block_scaled as _impl
+    return _impl(x2d, qw, bias, act).reshape(*x.shape[:-1], qw.N)
 
 
 def _gemm_impl():

@@ -29,7 +29,8 @@ from typing import Iterable, NamedTuple
 import torch
 
 __all__ = ["KernelUse", "BITS", "FAMILY_OF_STRATEGY", "nvrtc_target", "target_cc", "linear_kernels",
-           "dequantize_kernels", "conv2d_kernels", "linear_w8a8_kernels", "quantize_activation_kernels",
+           "dequantize_kernels", "conv2d_kernels", "linear_w8a8_kernels", "linear_w8a8_block_scaled_kernels",
+           "quantize_activation_kernels",
            "quantize_weight_kernels", "quantize_per_token_kernels", "default_variants", "default_modules"]
 
 BITS = (4, 8)  # weight widths (formats.check_bits)
@@ -186,6 +187,19 @@ def linear_w8a8_kernels(M: int, N: int, dtype: torch.dtype, block_size: int, arc
     raise ValueError(f"path must be 'fused', 'orchestrator' or 'literal', got {path!r}")
 
 
+def linear_w8a8_block_scaled_kernels(M: int, N: int, dtype: torch.dtype, block_size: int,
+                                     arch: str) -> set[KernelUse]:
+    """What ``cutlass_ops.linear_w8a8_block_scaled`` loads for M rows on NVRTC target ``arch`` (sm_90a
+    only: other targets raise in the API; empty here)."""
+    from cutlass_ops.w8a8.block_scaled_plan import BlockScaledPlan
+    from cutlass_ops.w8a8.tiles import BLOCK_SCALED_CONFIGS, choose_block_scaled_config
+
+    if nvrtc_target(arch) != "90a":
+        return set()
+    cfg = BLOCK_SCALED_CONFIGS[choose_block_scaled_config(M, N)]
+    return _uses(BlockScaledPlan.kernels(cfg, block_size, dtype))
+
+
 # ---------------------------------------------------------------------------------------------
 # every one of them, for an architecture
 # ---------------------------------------------------------------------------------------------
@@ -252,6 +266,12 @@ def _w8a8(arch: str):
         for path in ("orchestrator", "literal"):  # their NVRTC helpers (the GEMMs are CUTLASS's)
             for use in linear_w8a8_kernels(1, 1, dtype, 128, arch, path):
                 yield ("quant_a" if use.file == QUANT_A else "scheme2_epilogue"), {use}
+    from cutlass_ops.w8a8.tiles import BLOCK_SCALED_SIZES, WP_MIN_M
+
+    for M in (1, WP_MIN_M):  # the block-scaled default below WP_MIN_M and from it
+        for bs in BLOCK_SCALED_SIZES:
+            for dtype in FLOAT_DTYPES:
+                yield "w8a8_kblock_wgmma", linear_w8a8_block_scaled_kernels(M, 8192, dtype, bs, arch)
 
 
 def _quantize_weight():

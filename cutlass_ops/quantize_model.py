@@ -5,6 +5,7 @@ One config dataclass per scheme:
     WeightOnlyConfig(bits=4, block_size=128, symmetric=True, method="minmax")   linears and convs
     W8A8BlockConfig(block_size=128, path="fused")                               linears (scheme 2)
     W8A8ChannelConfig()                                                         linears (int8 x int8)
+    W8A8BlockScaledConfig(block_size=128)                                       linears (Hopper only)
 
 A layer whose shape a scheme cannot take is skipped with the reason (``QuantizeSummary.skipped``).
 """
@@ -15,20 +16,25 @@ import inspect
 import logging
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 import torch
 from torch import nn
 
+from cutlass_ops._validate import check_int
 from cutlass_ops.formats import QuantizedWeight, quantize_conv_weight, quantize_weight
 from cutlass_ops.nn import QuantConv2d, QuantLinear
 
-__all__ = ["WeightOnlyConfig", "W8A8BlockConfig", "W8A8ChannelConfig", "QuantizeSummary", "quantize_",
-           "config_from_dict"]
+if TYPE_CHECKING:
+    from cutlass_ops.w8a8.block_scaled import BlockScaledWeight
+
+__all__ = ["WeightOnlyConfig", "W8A8BlockConfig", "W8A8ChannelConfig", "W8A8BlockScaledConfig", "QuantizeSummary",
+           "quantize_", "config_from_dict"]
 
 log = logging.getLogger(__name__)
 
 W8A8_BLOCK_SIZES = (32, 64, 128, 256)  # the fused scheme-2 kernel's (cutlass_ops.w8a8.tiles.BLOCK_SIZES)
+BLOCK_SCALED_SIZES = (64, 128, 256)  # the block-scaled kernel's (cutlass_ops.w8a8.tiles.BLOCK_SCALED_SIZES)
 PROGRESS_MIN_LAYERS = 32  # a progress bar from this many candidate layers on (and only on a terminal)
 
 
@@ -165,7 +171,39 @@ class W8A8ChannelConfig(_Config):
         return {"mode": self.mode, "bits": 8, "block_size": None}
 
 
-CONFIGS = {c.__name__: c for c in (WeightOnlyConfig, W8A8BlockConfig, W8A8ChannelConfig)}
+@dataclass(frozen=True)
+class W8A8BlockScaledConfig(_Config):
+    """Block-scaled symmetric W8A8 (``cutlass_ops.w8a8.block_scaled``; Hopper sm_90a only, other GPUs
+    raise at the first forward): int8 activations symmetric per row and K block of ``block_size`` x int8
+    weights symmetric per ``block_size`` x ``block_size`` tile, no offsets. ``block_size``: one the
+    kernel takes (``tiles.BLOCK_SCALED_SIZES``)."""
+
+    block_size: int = 128
+    mode: ClassVar[str] = "w8a8_block_scaled"
+
+    def __post_init__(self):
+        check_int(self.block_size, "block_size")
+        if self.block_size not in BLOCK_SCALED_SIZES:
+            raise ValueError(f"block_size must be one of {BLOCK_SCALED_SIZES} (the block-scaled kernel's), "
+                             f"got {self.block_size}")
+
+    def linear_problem(self, N: int, K: int) -> str | None:
+        # K % block_size is the only need: it makes K a multiple of 64, so the int8 rows are the 16-byte
+        # multiples TMA reads; any N (the last weight block may be short, TMA zero-fills the last tile and
+        # the stores go one element at a time where N is odd).
+        if K % self.block_size:
+            return f"block_size={self.block_size} does not divide in_features={K}"
+        return None
+
+    def quantize_linear(self, w: torch.Tensor) -> BlockScaledWeight:
+        from cutlass_ops.w8a8.block_scaled import quantize_weight_block_scaled  # pure torch, loaded on first use
+        return quantize_weight_block_scaled(w, self.block_size)
+
+    def module_kwargs(self, qw: BlockScaledWeight) -> dict:
+        return {"mode": self.mode, "bits": 8, "block_size": qw.block_size}
+
+
+CONFIGS = {c.__name__: c for c in (WeightOnlyConfig, W8A8BlockConfig, W8A8ChannelConfig, W8A8BlockScaledConfig)}
 
 
 def config_from_dict(d: dict) -> _Config:

@@ -1,11 +1,12 @@
 """The public GPU ops as ``torch.library`` custom ops in the ``cutlass_ops`` namespace.
 
 Each op takes a ``QuantizedWeight`` as its tensors (qweight, scale, offset) and its ints (bits,
-block_size, N, K), has a fake kernel (shapes and dtypes only, for ``torch.compile`` and
-``FakeTensorMode``) and, where the maths has one, an autograd formula:
+block_size, N, K) - ``linear_w8a8_block_scaled`` a ``BlockScaledWeight`` as (qweight, scale) and its
+block_size -, has a fake kernel (shapes and dtypes only, for ``torch.compile`` and ``FakeTensorMode``)
+and, where the maths has one, an autograd formula:
 
-    linear, linear_w8a8, linear_w8a8_channel   grad_x = act'(out) * grad_out @ W_deq   (straight-through
-                                               for the activation quantization of the W8A8 ops)
+    linear, linear_w8a8, linear_w8a8_channel,  grad_x = act'(out) * grad_out @ W_deq   (straight-through
+    linear_w8a8_block_scaled                   for the activation quantization of the W8A8 ops)
     conv2d                                     grad_x = conv2d_input(W_deq, act'(out) * grad_out, groups)
     bias (all of them)                         grad_bias = sum of act'(out) * grad_out
     int8_gemm*, quantize_activation            not differentiable: a float input that requires grad raises
@@ -18,7 +19,8 @@ GPU). The ops do not validate their arguments: ``cutlass_ops.api`` and ``cutlass
 """
 from __future__ import annotations
 
-from typing import Optional
+import functools
+from typing import TYPE_CHECKING, NamedTuple, Optional
 
 import torch
 
@@ -26,8 +28,11 @@ import epilogues
 from cutlass_ops import plan_cache, reference
 from cutlass_ops.formats import QuantizedWeight, packed_K, quantize_activation_reference, unpack_int4
 
-__all__ = ["weight_view", "quantize_per_token", "quantize_per_token_reference", "linear_w8a8_channel_impl",
-           "DEQUANT_EPILOGUES", "OPS"]
+if TYPE_CHECKING:
+    from cutlass_ops.w8a8.block_scaled import BlockScaledWeight
+
+__all__ = ["weight_view", "block_scaled_view", "quantize_per_token", "quantize_per_token_reference",
+           "linear_w8a8_channel_impl", "DEQUANT_EPILOGUES", "OPS"]
 
 DEQUANT_EPILOGUES = ("dequant", "dequant_relu", "dequant_relu6")  # index = activation code
 _DTYPE_NAMES = {v: k for k, v in epilogues.OUTPUT_DTYPES.items()}
@@ -46,6 +51,31 @@ def weight_view(qweight, scale, offset, bits: int, block_size: int, N: int, K: i
         qw.validate()
         entry.validated = fields
     return qw
+
+
+class _BlockScaledKey(NamedTuple):
+    """``plan_cache`` finds a weight by (qweight, scale, offset); a block-scaled weight has no offset, so its
+    scale stands in for it, as in ``block_scaled_plan.plan_for`` (the same cache entry as the plans)."""
+
+    qweight: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor
+
+
+def block_scaled_view(qweight, scale, block_size: int) -> BlockScaledWeight:
+    """A BlockScaledWeight over the given tensors, checked (``BlockScaledWeight.__post_init__``: dtypes,
+    shapes, finite scales, a host synchronisation) only when the tensors, an in-place change of them or
+    block_size are new to the per-weight cache."""
+    from cutlass_ops.w8a8.block_scaled import BlockScaledWeight  # pure torch; import cutlass_ops loads no w8a8 module
+    entry = plan_cache.entry(_BlockScaledKey(qweight, scale, scale))
+    fields = ("block_scaled", block_size)
+    if entry.validated != fields:
+        weight = BlockScaledWeight(qweight, scale, block_size)
+        entry.validated = fields
+        return weight
+    weight = object.__new__(BlockScaledWeight)  # frozen dataclass: fill its fields without the checks
+    weight.__dict__.update(qweight=qweight, scale=scale, block_size=block_size)
+    return weight
 
 
 def _arch(arch: Optional[str]):
@@ -104,7 +134,8 @@ def _(qweight, scale, offset, bits, block_size, N, K, dtype):
 
 
 # --------------------------------------------------------------------------------------------
-# linear (weight-only), linear_w8a8 (per K block), linear_w8a8_channel (per token x per channel)
+# linear (weight-only), linear_w8a8 (per K block), linear_w8a8_channel (per token x per channel),
+# linear_w8a8_block_scaled (symmetric per 1 x bs activation block x per bs x bs weight tile)
 # --------------------------------------------------------------------------------------------
 
 @torch.library.custom_op("cutlass_ops::linear", mutates_args=())
@@ -206,37 +237,84 @@ def _(x, qweight, scale, bias, act):
     return x.new_empty((*x.shape[:-1], qweight.shape[0]))
 
 
-def _save_linear(ctx, op, inputs, output, tensors, dequant_args, bias_index, act):
-    """What every linear backward needs: the weight's tensors and ints, the output (for act')."""
+@torch.library.custom_op("cutlass_ops::linear_w8a8_block_scaled", mutates_args=())
+def linear_w8a8_block_scaled(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                             bias: Optional[torch.Tensor], act: int, block_size: int) -> torch.Tensor:
+    """Block-scaled symmetric W8A8 (``cutlass_ops.w8a8.block_scaled``): x [..., K] -> [..., N]. CUDA: the
+    Hopper kernel (other GPUs raise ValueError); CPU: the float64 reference rounded to x's dtype."""
+    from cutlass_ops.w8a8 import block_scaled  # the kernel's GPU code loads on its first call
+    weight = block_scaled_view(qweight, scale, block_size)
+    N, K = qweight.shape
+    if not x.is_cuda:
+        return block_scaled.linear_block_scaled_reference(x, weight, bias, act).to(x.dtype)
+    x2d = x.reshape(-1, K).contiguous()
+    if x2d.shape[0] == 0:
+        return x.new_empty(*x.shape[:-1], N)
+    return block_scaled.linear_w8a8_block_scaled(x2d, weight, bias, act).reshape(*x.shape[:-1], N)
+
+
+@linear_w8a8_block_scaled.register_fake
+def _(x, qweight, scale, bias, act, block_size):
+    return x.new_empty((*x.shape[:-1], qweight.shape[0]))
+
+
+# The dequantized weight W [N, K] of each format for the input gradient: dequant(saved weight tensors, dtype).
+
+def _kblock_weight(dequant_args: tuple, tensors, dtype: torch.dtype) -> torch.Tensor:
+    """Per K block: W = q * scale + offset, the dequantize op (a GPU kernel on CUDA tensors)."""
+    return dequantize(*tensors, *dequant_args, dtype)
+
+
+def _channel_weight(tensors, dtype: torch.dtype) -> torch.Tensor:
+    """Per channel: W = q * scale [N, 1]."""
+    qweight, scale = tensors
+    return qweight.to(dtype) * scale.to(dtype)
+
+
+def _block_scaled_weight(block_size: int, tensors, dtype: torch.dtype) -> torch.Tensor:
+    """Per block_size x block_size tile: W[n, k] = q[n, k] * scale[n // bs, k // bs] (torch ops: traceable)."""
+    qweight, scale = tensors
+    per_element = scale.to(dtype).repeat_interleave(block_size, 0)[:qweight.shape[0]]
+    return qweight.to(dtype) * per_element.repeat_interleave(block_size, 1)
+
+
+def _save_linear(ctx, op, inputs, output, tensors, dequant, bias_index, act):
+    """What every linear backward needs: the weight's tensors and how to dequantize them (``dequant``:
+    (tensors, dtype) -> W [N, K]), the output (for act')."""
     _no_weight_grad(op, tensors[1], tensors[2] if len(tensors) == 3 else None)
     bias = inputs[bias_index]
-    ctx.dequant_args, ctx.act, ctx.bias_index, ctx.n_inputs = dequant_args, act, bias_index, len(inputs)
+    ctx.dequant, ctx.act, ctx.bias_index, ctx.n_inputs = dequant, act, bias_index, len(inputs)
     ctx.bias_dtype = None if bias is None else bias.dtype
     ctx.save_for_backward(*tensors, output if act else None)
 
 
 def _linear_setup(ctx, inputs, output):
     x, qweight, scale, offset, bits, block_size, N, K, bias, act = inputs
-    _save_linear(ctx, "linear", inputs, output, (qweight, scale, offset), (bits, block_size, N, K), 8, act)
+    _save_linear(ctx, "linear", inputs, output, (qweight, scale, offset),
+                 functools.partial(_kblock_weight, (bits, block_size, N, K)), 8, act)
 
 
 def _w8a8_setup(ctx, inputs, output):
     x, qweight, scale, offset, block_size, N, K, bias, act, path = inputs
-    _save_linear(ctx, "linear_w8a8", inputs, output, (qweight, scale, offset), (8, block_size, N, K), 7, act)
+    _save_linear(ctx, "linear_w8a8", inputs, output, (qweight, scale, offset),
+                 functools.partial(_kblock_weight, (8, block_size, N, K)), 7, act)
 
 
 def _w8a8_channel_setup(ctx, inputs, output):
     x, qweight, scale, bias, act = inputs
-    _save_linear(ctx, "linear_w8a8_channel", inputs, output, (qweight, scale), None, 3, act)
+    _save_linear(ctx, "linear_w8a8_channel", inputs, output, (qweight, scale), _channel_weight, 3, act)
+
+
+def _w8a8_block_scaled_setup(ctx, inputs, output):
+    x, qweight, scale, bias, act, block_size = inputs
+    _save_linear(ctx, "linear_w8a8_block_scaled", inputs, output, (qweight, scale),
+                 functools.partial(_block_scaled_weight, block_size), 3, act)
 
 
 def _linear_backward(ctx, grad):
     *tensors, out = ctx.saved_tensors
     g = _act_grad(grad, out, ctx.act)
-    if ctx.dequant_args is None:  # per channel: W = q * scale
-        W = tensors[0].to(g.dtype) * tensors[1].to(g.dtype)
-    else:
-        W = dequantize(*tensors, *ctx.dequant_args, g.dtype)  # [N, K]
+    W = ctx.dequant(tensors, g.dtype)  # [N, K]
     N, K = W.shape
     grads = [None] * ctx.n_inputs
     g2d = g.reshape(-1, N)
@@ -251,6 +329,8 @@ torch.library.register_autograd("cutlass_ops::linear", _linear_backward, setup_c
 torch.library.register_autograd("cutlass_ops::linear_w8a8", _linear_backward, setup_context=_w8a8_setup)
 torch.library.register_autograd("cutlass_ops::linear_w8a8_channel", _linear_backward,
                                 setup_context=_w8a8_channel_setup)
+torch.library.register_autograd("cutlass_ops::linear_w8a8_block_scaled", _linear_backward,
+                                setup_context=_w8a8_block_scaled_setup)
 
 
 # --------------------------------------------------------------------------------------------

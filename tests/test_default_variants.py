@@ -109,6 +109,13 @@ def loads(arch: str) -> dict[KernelUse, str]:
                     for path in ("fused", "orchestrator", "literal"):
                         add(dv.linear_w8a8_kernels(M, N, dtype, block_size, arch, path),
                             f"linear_w8a8 {path} M={M} N={N} {dtype} g{block_size}")
+    from cutlass_ops.w8a8.tiles import BLOCK_SCALED_SIZES
+
+    for dtype in DTYPES:
+        for M in M_GRID:
+            for block_size in BLOCK_SCALED_SIZES:
+                add(dv.linear_w8a8_block_scaled_kernels(M, 4097, dtype, block_size, arch),
+                    f"linear_w8a8_block_scaled M={M} {dtype} g{block_size}")
     return found
 
 

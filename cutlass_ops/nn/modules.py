@@ -8,6 +8,11 @@ format). The ``QuantizedWeight`` view over the buffers is built once and again o
 replaced (after ``.to()``, ``.cuda()``); an in-place change (``load_state_dict``) keeps the view and
 the per-weight plan cache notices it.
 
+A block-scaled ``QuantLinear`` (mode "w8a8_block_scaled") holds a ``BlockScaledWeight`` instead:
+``qweight`` int8 [N, K] and ``scale`` float32 [ceil(N / block_size), K / block_size] (one per
+block_size x block_size tile); the format is symmetric, so ``offset`` is a buffer slot holding None
+(absent from the state dict, skipped by ``.to()``, kept by deepcopy and pickling).
+
 Act-order (GPTQ desc_act): ``QuantLinear`` may hold a fifth buffer ``perm`` (int64 [K], None when absent):
 the weight is then stored as W[:, perm] so that each quantization group is a contiguous K block. In
 eager inference the small-M kernel reads x through perm (``cutlass_ops.linear(..., perm=)``: no gather
@@ -15,10 +20,12 @@ kernel); otherwise (autograd, torch.compile, large M) ``x.index_select(-1, perm)
 ``QuantLinear.from_imported`` builds such a layer from a ``cutlass_ops.importers`` result.
 
 Modes of QuantLinear (``mode=``):
-  "weight_only"   W4A16 / W8A16 (scheme 1): ``cutlass_ops.linear``
-  "w8a8_block"    W8A8 per K block (scheme 2): ``cutlass_ops.linear_w8a8(path=...)``
-  "w8a8_channel"  per-token symmetric int8 activations x per-channel symmetric int8 weight, one CUTLASS
-                  int8 GEMM with the fused "dequant" epilogue (any N and K: zero-padded where K % 16 or N % 8)
+  "weight_only"        W4A16 / W8A16 (scheme 1): ``cutlass_ops.linear``
+  "w8a8_block"         W8A8 per K block (scheme 2): ``cutlass_ops.linear_w8a8(path=...)``
+  "w8a8_channel"       per-token symmetric int8 activations x per-channel symmetric int8 weight, one CUTLASS
+                       int8 GEMM with the fused "dequant" epilogue (any N and K: zero-padded where K % 16 or N % 8)
+  "w8a8_block_scaled"  block-scaled symmetric W8A8 (activations per row and K block, weights per square tile;
+                       Hopper only): ``cutlass_ops.linear_w8a8_block_scaled``
 
 Forward on CUDA tensors in eager mode calls the public functions (checks, then the kernels); while
 ``torch.compile`` traces, and on CPU tensors, it calls ``torch.ops.cutlass_ops.*`` directly: on the
@@ -26,6 +33,8 @@ CPU those run the float64 references rounded to the input dtype (slow, for tests
 Gradients flow to the input and the bias (see ``cutlass_ops.torch_ops``), never to the weight.
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -35,39 +44,55 @@ from cutlass_ops._validate import ACTIVATIONS, FLOAT_DTYPES, check_dtype, check_
 from cutlass_ops.formats import QuantizedWeight, packed_K
 from cutlass_ops.torch_ops import linear_w8a8_channel_impl
 
+if TYPE_CHECKING:
+    from cutlass_ops.w8a8.block_scaled import BlockScaledWeight
+
 __all__ = ["QuantLinear", "QuantConv2d", "LINEAR_MODES"]
 
-LINEAR_MODES = ("weight_only", "w8a8_block", "w8a8_channel")
+LINEAR_MODES = ("weight_only", "w8a8_block", "w8a8_channel", "w8a8_block_scaled")
 _ACT_NAMES = {v: k for k, v in ACTIVATIONS.items()}
 
 
-def _weight_buffers(N: int, K: int, bits: int, block_size: int, device) -> dict[str, torch.Tensor]:
+def _weight_buffers(N: int, K: int, bits: int, block_size: int, device,
+                    block_scaled: bool = False) -> dict[str, torch.Tensor | None]:
     if bits not in (4, 8):
         raise ValueError(f"bits must be 4 or 8, got {bits!r}")
     if K % block_size:
         raise ValueError(f"block_size={block_size} does not divide K={K}")
     cols, dtype = (K, torch.int8) if bits == 8 else (K // 2, torch.uint8)
     G = K // block_size
+    if block_scaled:  # one scale per block_size x block_size tile (the last N block may be short), no offset
+        return {"qweight": torch.zeros(N, K, dtype=torch.int8, device=device),
+                "scale": torch.ones(-(-N // block_size), G, dtype=torch.float32, device=device),
+                "offset": None}
     return {"qweight": torch.zeros(N, cols, dtype=dtype, device=device),
             "scale": torch.ones(N, G, dtype=torch.float32, device=device),
             "offset": torch.zeros(N, G, dtype=torch.float32, device=device)}
 
 
 class _QuantModule(nn.Module):
-    """Shared: buffers, the cached QuantizedWeight view, float32 scale/offset under dtype casts."""
+    """Shared: buffers, the cached QuantizedWeight (or BlockScaledWeight) view, float32 scale/offset under
+    dtype casts."""
 
     _conv_shape = None
+    block_scaled = False  # a BlockScaledWeight in the buffers (QuantLinear mode "w8a8_block_scaled")
 
     def _init_buffers(self, N: int, K: int, bits: int, block_size: int, bias: bool, device, dtype) -> None:
-        for name, t in _weight_buffers(N, K, bits, block_size, device).items():
+        for name, t in _weight_buffers(N, K, bits, block_size, device, self.block_scaled).items():
             self.register_buffer(name, t)
         dtype = dtype or torch.get_default_dtype()
         self.register_buffer("bias", torch.zeros(N, dtype=dtype, device=device) if bias else None)
         self.N, self.K, self.bits, self.block_size = N, K, bits, block_size
         self._qw: QuantizedWeight | None = None
 
-    def set_weight(self, qw: QuantizedWeight) -> None:
+    def set_weight(self, qw: QuantizedWeight | BlockScaledWeight) -> None:
         """Take ``qw``'s tensors as the buffers (its shapes and format must match this module's)."""
+        if self.block_scaled:
+            self._set_block_scaled(qw)
+            return
+        if not isinstance(qw, QuantizedWeight):
+            raise TypeError(f"qw must be a QuantizedWeight for this module (mode={self.mode!r}), "
+                            f"got {type(qw).__name__}")
         if (qw.N, qw.K, qw.bits, qw.block_size, qw.conv_shape) != (self.N, self.K, self.bits, self.block_size,
                                                                    self._conv_shape):
             raise ValueError(f"qw (N={qw.N}, K={qw.K}, bits={qw.bits}, block_size={qw.block_size}, "
@@ -78,13 +103,31 @@ class _QuantModule(nn.Module):
         self.symmetric = qw.symmetric
         self._qw = None
 
-    def weight(self) -> QuantizedWeight:
-        """The QuantizedWeight over the current buffers (rebuilt only when one was replaced)."""
+    def _set_block_scaled(self, qw) -> None:
+        from cutlass_ops.w8a8.block_scaled import BlockScaledWeight  # pure torch, loaded on first use
+        if not isinstance(qw, BlockScaledWeight):
+            raise TypeError(f"qw must be a BlockScaledWeight for this module (mode={self.mode!r}), "
+                            f"got {type(qw).__name__}")
+        if (qw.N, qw.K, qw.block_size) != (self.N, self.K, self.block_size):
+            raise ValueError(f"qw (N={qw.N}, K={qw.K}, block_size={qw.block_size}) does not match the module "
+                             f"(N={self.N}, K={self.K}, block_size={self.block_size})")
+        self._buffers["qweight"], self._buffers["scale"] = qw.qweight, qw.scale
+        self._qw = None
+
+    def weight(self) -> QuantizedWeight | BlockScaledWeight:
+        """The QuantizedWeight (BlockScaledWeight for a block-scaled module) over the current buffers
+        (rebuilt only when one was replaced)."""
         b, qw = self._buffers, self._qw
-        if qw is None or qw.qweight is not b["qweight"] or qw.scale is not b["scale"] or qw.offset is not b["offset"]:
+        if qw is not None and qw.qweight is b["qweight"] and qw.scale is b["scale"] and (
+                self.block_scaled or qw.offset is b["offset"]):
+            return qw
+        if self.block_scaled:
+            from cutlass_ops.w8a8.block_scaled import BlockScaledWeight  # pure torch, loaded on first use
+            qw = BlockScaledWeight(b["qweight"], b["scale"], self.block_size)
+        else:
             qw = QuantizedWeight(b["qweight"], b["scale"], b["offset"], self.bits, self.block_size, self.N, self.K,
                                  self._conv_shape, self.symmetric)
-            self._qw = qw
+        self._qw = qw
         return qw
 
     def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -93,7 +136,7 @@ class _QuantModule(nn.Module):
         return self.weight().dequantize(dtype)
 
     def _apply(self, fn, recurse=True):
-        kept = {name: self._buffers[name] for name in ("scale", "offset")}
+        kept = {name: self._buffers[name] for name in ("scale", "offset") if self._buffers[name] is not None}
         super()._apply(fn, recurse)
         for name, old in kept.items():  # dtype casts must not touch the format's float32 scale / offset
             if self._buffers[name].dtype != torch.float32:
@@ -135,9 +178,16 @@ class QuantLinear(_QuantModule):
         if mode == "w8a8_channel":
             if block_size not in (None, in_features) or not symmetric:
                 raise ValueError("mode='w8a8_channel' takes a symmetric per-channel weight (block_size=None)")
+        if mode == "w8a8_block_scaled":
+            if block_size is None or not symmetric:
+                raise ValueError("mode='w8a8_block_scaled' takes a symmetric weight per block_size x block_size "
+                                 f"tile (block_size an int, symmetric=True), got block_size={block_size}, "
+                                 f"symmetric={symmetric}")
+            check_int(block_size, "block_size", minimum=1)
         if path not in api.W8A8_PATHS:
             raise ValueError(f"path must be one of {list(api.W8A8_PATHS)}, got {path!r}")
         self.in_features, self.out_features, self.mode, self.path = in_features, out_features, mode, path
+        self.block_scaled = mode == "w8a8_block_scaled"
         self.symmetric = symmetric
         self.act = parse_activation(activation)
         self._init_buffers(out_features, in_features, bits, block_size or in_features, bias, device, dtype)
@@ -225,6 +275,8 @@ class QuantLinear(_QuantModule):
         if x.is_cuda and not torch.compiler.is_compiling():
             if self.mode == "w8a8_block":
                 return api.linear_w8a8(x, self.weight(), self.bias, self.act, path=self.path)
+            if self.block_scaled:
+                return api.linear_w8a8_block_scaled(x, self.weight(), self.bias, self.act)
         self._check_input(x)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape [..., K] with K={self.in_features} (in_features), got "
@@ -235,6 +287,8 @@ class QuantLinear(_QuantModule):
                     torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad))):
                 return linear_w8a8_channel_impl(x, self.qweight, self.scale, bias, self.act)
             return ops.linear_w8a8_channel(x, self.qweight, self.scale, bias, self.act)
+        if self.block_scaled:
+            return ops.linear_w8a8_block_scaled(x, self.qweight, self.scale, bias, self.act, self.block_size)
         args = (x, self.qweight, self.scale, self.offset)
         if self.mode == "weight_only":
             return ops.linear(*args, self.bits, self.block_size, self.N, self.K, bias, self.act)
@@ -249,8 +303,10 @@ class QuantLinear(_QuantModule):
 
     def extra_repr(self) -> str:
         what = {"weight_only": f"W{self.bits}A16", "w8a8_block": f"W8A8 per K block, path={self.path}",
-                "w8a8_channel": "W8A8 per channel x per token"}[self.mode]
-        block = "per channel" if self.block_size == self.K else f"block_size={self.block_size}"
+                "w8a8_channel": "W8A8 per channel x per token",
+                "w8a8_block_scaled": "W8A8 block-scaled symmetric (Hopper)"}[self.mode]
+        block = ("per channel" if self.block_size == self.K and not self.block_scaled
+                 else f"block_size={self.block_size}")
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"{what}, {block}{'' if self.symmetric else ', asymmetric'}{self._act_repr()}"
                 f"{', act_order' if self.perm is not None else ''}")
