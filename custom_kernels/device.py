@@ -15,7 +15,7 @@ import torch
 from cuda.bindings import driver
 
 __all__ = ["CudaDriverError", "check", "current_device", "raw_stream", "capability", "sm_count",
-           "smem_limits", "target_arch", "ensure_context", "retry_in_context", "on_device"]
+           "smem_limits", "target_arch", "ensure_context", "context_of", "retry_in_context", "on_device"]
 
 
 class CudaDriverError(RuntimeError):
@@ -87,8 +87,8 @@ _ctx_lock = threading.Lock()
 _contexts: dict[int, Any] = {}
 
 
-def ensure_context(device: int) -> None:
-    """Make ``device``'s primary context (the one torch uses) current on this thread."""
+def _primary_context(device: int):
+    """``device``'s primary context (the one torch uses), retained once."""
     with _ctx_lock:
         ctx = _contexts.get(device)
         if ctx is None:
@@ -96,9 +96,26 @@ def ensure_context(device: int) -> None:
             dev = check(driver.cuDeviceGet(device), "cuDeviceGet")
             ctx = check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
             _contexts[device] = ctx
+    return ctx
+
+
+def ensure_context(device: int) -> None:
+    """Make ``device``'s primary context current on this thread (for a thread that has none yet)."""
+    ctx = _primary_context(device)
     current = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
     if current is None or int(current) != int(ctx):
         check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+@contextlib.contextmanager
+def context_of(device: int):
+    """``device``'s primary context current inside, the caller's back after (push / pop): a module load or
+    a launch for tensors on another GPU than the current one leaves the thread's device as it was."""
+    check(driver.cuCtxPushCurrent(_primary_context(device)), "cuCtxPushCurrent")
+    try:
+        yield
+    finally:
+        check(driver.cuCtxPopCurrent(), "cuCtxPopCurrent")
 
 
 def retry_in_context(err, device: int, launch):

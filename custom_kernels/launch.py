@@ -35,7 +35,7 @@ from typing import Any, Mapping
 
 from cuda.bindings import driver
 
-from .device import CudaDriverError, check, current_device, ensure_context, raw_stream, retry_in_context, target_arch
+from .device import CudaDriverError, check, context_of, current_device, raw_stream, retry_in_context, target_arch
 
 __all__ = [
     "CudaDriverError", "check", "Module", "Kernel", "load_kernel", "KernelArgs", "Ptr", "I32", "U32", "I64", "F32",
@@ -74,8 +74,8 @@ class Module:
             with self._lock:
                 mod = self._handles.get(device)
                 if mod is None:
-                    ensure_context(device)
-                    mod = check(driver.cuModuleLoadData(self.image), f"cuModuleLoadData({self.name})")
+                    with context_of(device):  # loads into device's context; the caller's stays current
+                        mod = check(driver.cuModuleLoadData(self.image), f"cuModuleLoadData({self.name})")
                     self._handles[device] = mod
         return mod
 
@@ -288,7 +288,15 @@ class LaunchShape:
         return [(a.id, tuple(a.value[:3])) for a in self._attrs[:self._ex_config.num_attrs]]
 
     def launch(self, stream: int, kernel_params: int) -> None:
-        """Launch on ``stream`` (a raw CUstream; 0 = the legacy default) with ``kernel_params``."""
+        """Launch on ``stream`` (a raw CUstream; 0 = the legacy default) with ``kernel_params``, in the
+        context of the launch's device (a launch runs in the current context: a function of another
+        device's module would fail with an invalid handle)."""
+        if current_device() != self.device:
+            with context_of(self.device):
+                return self._launch_here(stream, kernel_params)
+        return self._launch_here(stream, kernel_params)
+
+    def _launch_here(self, stream: int, kernel_params: int) -> None:
         err = self._launch(stream, kernel_params) if self._ex_config is not None else driver.cuLaunchKernel(
             self.function, *self.grid, *self.block, self.smem, stream, kernel_params, 0)[0]
         if err == driver.CUresult.CUDA_SUCCESS:

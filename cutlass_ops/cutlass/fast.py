@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from custom_kernels import host_ext
-from custom_kernels.device import check, raw_stream, retry_in_context
+from custom_kernels.device import check, current_device, raw_stream, retry_in_context
 
 from .kernel import GemmKernel
 
@@ -50,6 +50,8 @@ class FastPath:
             inputs: dict[str, Any], need_finite: bool = False) -> torch.Tensor | None:
         """D, or None for the Python path; ``need_finite``: hand back per-column inputs not marked as
         checked for NaN / Inf (:meth:`mark_finite`), as ``cutlass_ops.int8_gemm`` requires."""
+        if device != current_device():  # the C++ launch runs in the current context: Python switches it
+            return None
         D = self._ext.run(self._id, A, B, device, out, inputs, raw_stream(device), need_finite)
         if D.__class__ is int:  # the launch failed: decode the CUresult
             from cuda.bindings import driver
