@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import cutlass_ops
+from _linear_grad import check_linear_grads
 from cutlass_ops import reference
 from cutlass_ops.nn import QuantConv2d, QuantLinear
 from cutlass_ops.quantize_model import W8A8BlockConfig, W8A8ChannelConfig, WeightOnlyConfig
@@ -199,16 +200,7 @@ def test_cpu_built_module_moves_to_gpu():
 @pytest.mark.parametrize("mode", ["w4", "w8a8_fused", "w8a8_channel"])
 def test_linear_grad_matches_float64_reference(mode):
     torch.manual_seed(0)
-    q = QuantLinear.from_float(nn.Linear(128, 48), LINEAR_CONFIGS[mode]).cuda()
-    q.bias.requires_grad_(True)
-    x = torch.randn(5, 128, device="cuda", requires_grad=True)
-    g = torch.randn(5, 48, device="cuda")
-    q(x).backward(g)
-    x64 = x.detach().double().requires_grad_(True)
-    b64 = q.bias.detach().double().requires_grad_(True)
-    F.linear(x64, q.weight().dequantize(torch.float64), b64).backward(g.double())
-    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(q.bias.grad.double(), b64.grad, rtol=1e-4, atol=1e-4)
+    check_linear_grads(QuantLinear.from_float(nn.Linear(128, 48), LINEAR_CONFIGS[mode]).cuda())
 
 
 def test_conv_grad_matches_float64_reference():

@@ -17,10 +17,10 @@ import pickle
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import cutlass_ops
+from _linear_grad import check_linear_grads
 from cutlass_ops.nn import QuantLinear
 from cutlass_ops.quantize_model import W8A8BlockScaledConfig
 from cutlass_ops.w8a8.block_scaled import (BlockScaledWeight, linear_block_scaled_reference,
@@ -155,15 +155,7 @@ def test_compile_fullgraph_equals_eager():
 @hopper
 def test_backward_matches_float64_reference():
     q = _layer(200, 256, 128, torch.float32, seed=5)
-    q.bias.requires_grad_(True)
-    x = torch.randn(5, 256, device="cuda", requires_grad=True)
-    g = torch.randn(5, 200, device="cuda")
-    q(x).backward(g)
-    x64 = x.detach().double().requires_grad_(True)
-    b64 = q.bias.detach().double().requires_grad_(True)
-    F.linear(x64, q.weight().dequantize(torch.float64), b64).backward(g.double())
-    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(q.bias.grad.double(), b64.grad, rtol=1e-4, atol=1e-4)
+    x = check_linear_grads(q)
     assert q.qweight.grad is None and q.scale.grad is None
     q.scale.requires_grad_(True)
     with pytest.raises(RuntimeError, match="scale requires grad, but the weight is not differentiable"):
