@@ -496,5 +496,5 @@ for _name in ("int8_gemm", "int8_gemm_dequant", "int8_gemm_requant", "int8_gemm_
               "quantize_activation"):
     torch.library.register_autograd(f"cutlass_ops::{_name}", _unreachable, setup_context=_not_differentiable(_name))
 
-OPS = ("dequantize", "linear", "linear_w8a8", "linear_w8a8_channel", "conv2d", "int8_gemm", "int8_gemm_dequant",
-       "int8_gemm_requant", "int8_gemm_kblock_accumulate", "quantize_activation")
+OPS = ("dequantize", "linear", "linear_w8a8", "linear_w8a8_channel", "linear_w8a8_block_scaled", "conv2d",
+       "int8_gemm", "int8_gemm_dequant", "int8_gemm_requant", "int8_gemm_kblock_accumulate", "quantize_activation")

@@ -1,4 +1,4 @@
-"""Tensor parallelism on CPUs: exact shards of QuantizedWeight, their refusals, and column -> row parallel
+"""Tensor parallelism on CPUs: exact shards of QuantizedWeight and BlockScaledWeight, their refusals, and column -> row parallel
 QuantLinears (every mode) and a Llama-style layer split over 2 gloo processes against the unsharded layers."""
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from cutlass_ops.distributed import (
 )
 from cutlass_ops.formats import quantize_conv_weight, quantize_weight
 from cutlass_ops.nn import QuantLinear
-from cutlass_ops.quantize_model import W8A8BlockConfig, W8A8ChannelConfig, WeightOnlyConfig, quantize_
+from cutlass_ops.quantize_model import (W8A8BlockConfig, W8A8BlockScaledConfig, W8A8ChannelConfig,
+                                        WeightOnlyConfig, quantize_)
+from cutlass_ops.w8a8.block_scaled import quantize_weight_block_scaled
 
 N, K = 24, 512
 BLOCKS = {"b32": 32, "b64": 64, "b128": 128, "per_channel": None}
@@ -84,6 +86,31 @@ def test_refuses_splits_that_break_the_format(bits, block_size, n, k, world, mat
         (shard_column if "N=" in match else shard_row)(qw, 0, world)
 
 
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("block_size", [64, 128])
+def test_block_scaled_shards_are_exact_tiles(block_size, world):
+    w = torch.randn(4 * 128, 1024, generator=torch.Generator().manual_seed(1))
+    qw = quantize_weight_block_scaled(w, block_size)
+    full = qw.dequantize(torch.float64)
+    Ns, Ks = qw.N // world, qw.K // world
+    for rank in range(world):
+        col, row = shard_column(qw, rank, world), shard_row(qw, rank, world)
+        assert (col.N, col.K, row.N, row.K, col.block_size, row.block_size) == (Ns, qw.K, qw.N, Ks, block_size,
+                                                                                block_size)
+        assert torch.equal(col.dequantize(torch.float64), full[rank * Ns:(rank + 1) * Ns])
+        assert torch.equal(row.dequantize(torch.float64), full[:, rank * Ks:(rank + 1) * Ks])
+
+
+def test_block_scaled_refuses_splits_that_cut_a_tile():
+    qw = quantize_weight_block_scaled(torch.randn(192, 384), 64)
+    with pytest.raises(ValueError, match=r"column parallel: N / world = 192/2 = 96 .*block_size=64"):
+        shard_column(qw, 0, 2)
+    with pytest.raises(ValueError, match=r"row parallel: K / world = 384/4 = 96 .*block_size=64"):
+        shard_row(qw, 0, 4)
+    with pytest.raises(ValueError, match=r"world=5 must divide K \(in_features\)=384"):
+        shard_row(qw, 0, 5)
+
+
 def test_refuses_bad_rank_world_and_inputs():
     qw = _qw(8, 64, True)
     with pytest.raises(ValueError, match="rank must be < world"):
@@ -92,7 +119,7 @@ def test_refuses_bad_rank_world_and_inputs():
         shard_row(qw, 0, 0)
     with pytest.raises(TypeError, match="rank must be an int"):
         shard_row(qw, 0.0, 2)
-    with pytest.raises(TypeError, match="qw must be a QuantizedWeight"):
+    with pytest.raises(TypeError, match="qw must be a QuantizedWeight or a BlockScaledWeight"):
         shard_row(qw.dequantize(), 0, 2)
     q = QuantLinear.from_float(nn.Linear(K, N), WeightOnlyConfig(bits=4, block_size=64))
     q.set_perm(torch.randperm(K))
@@ -100,10 +127,10 @@ def test_refuses_bad_rank_world_and_inputs():
         RowParallelQuantLinear(q, 0, 2)
 
 
-@pytest.mark.parametrize("mode", ["w4", "w8a8_block", "w8a8_channel"])
+@pytest.mark.parametrize("mode", ["w4", "w8a8_block", "w8a8_channel", "w8a8_block_scaled"])
 def test_world_one_is_the_unsharded_layer(mode):
     config = {"w4": WeightOnlyConfig(bits=4, block_size=64), "w8a8_block": W8A8BlockConfig(block_size=64),
-              "w8a8_channel": W8A8ChannelConfig()}[mode]
+              "w8a8_channel": W8A8ChannelConfig(), "w8a8_block_scaled": W8A8BlockScaledConfig(block_size=64)}[mode]
     q = QuantLinear.from_float(nn.Linear(K, 32), config)
     x = torch.randn(3, K)
     assert torch.equal(ColumnParallelQuantLinear(q, 0, 1)(x), q(x))
@@ -143,6 +170,7 @@ MLP_CASES = {  # name: (config, relative tolerance against the unsharded layers)
     "w8": (WeightOnlyConfig(bits=8, block_size=None), 1e-5),
     "w8a8_block": (W8A8BlockConfig(block_size=64), 1e-5),  # the shard's activation blocks are the unsharded ones
     "w8a8_channel": (W8A8ChannelConfig(), 3e-2),  # per-token activation scale over K / world instead of K
+    "w8a8_block_scaled": (W8A8BlockScaledConfig(block_size=64), 1e-5),  # whole tiles: the same blocks
 }
 
 

@@ -11,6 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import cutlass_ops
 from cutlass_ops import reference, torch_ops
 from cutlass_ops.formats import quantize_conv_weight, quantize_weight
+from cutlass_ops.w8a8.block_scaled import quantize_weight_block_scaled
 
 ops = torch.ops.cutlass_ops
 
@@ -31,6 +32,7 @@ def op_cases():
     qw8 = quantize_weight(torch.randn(N, K), bits=8, block_size=32, symmetric=False)
     qch = quantize_weight(torch.randn(N, K), bits=8, block_size=None)
     qconv = quantize_conv_weight(torch.randn(8, 16, 3, 3), bits=4, block_size=8)
+    qbs = quantize_weight_block_scaled(torch.randn(N, K), 64)  # N = 24: one short N block
     x = torch.randn(2, M, K)
     bias = torch.randn(N)
     A, B = _int8(M, K), _int8(N, K)
@@ -41,6 +43,7 @@ def op_cases():
         ("linear_int8", ops.linear, (x, *_w(qw8), 8, 32, N, K, None, 0)),
         ("linear_w8a8", ops.linear_w8a8, (x, *_w(qw8), 32, N, K, bias, 2, "fused")),
         ("linear_w8a8_channel", ops.linear_w8a8_channel, (x, qch.qweight, qch.scale, bias, 0)),
+        ("linear_w8a8_block_scaled", ops.linear_w8a8_block_scaled, (x, qbs.qweight, qbs.scale, bias, 1, 64)),
         ("conv2d", ops.conv2d, (torch.randn(2, 16, 7, 9), *_w(qconv), 4, 8, [8, 3, 3, 16], torch.randn(8),
                                 [2, 1], [1, 1], [1, 1], 1)),
         ("conv2d_channels_last", ops.conv2d, (torch.randn(2, 16, 7, 9).to(memory_format=torch.channels_last),

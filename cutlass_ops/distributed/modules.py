@@ -7,7 +7,7 @@ computes y[..., N_r]; ``gather_output=True`` all-gathers the full y (``all_gathe
 once and applies the activation. A column layer followed by a row layer (an MLP, attention's
 projections) needs one all-reduce and no gather.
 
-Every ``QuantLinear`` mode works (weight_only, w8a8_block, w8a8_channel): forward calls the shard's own
+Every ``QuantLinear`` mode works (weight_only, w8a8_block, w8a8_channel, w8a8_block_scaled): forward calls the shard's own
 ``QuantLinear`` (the kernels on CUDA tensors, the float references on CPU tensors). Built from a
 QuantLinear, the shards hold exactly its integers, scales and offsets. Numerics against the unsharded
 layer: a column shard's outputs are the same; a row-parallel output is a sum of ``world`` partial
@@ -83,8 +83,9 @@ def all_gather_last_dim(y: torch.Tensor, rank: int, world: int, group=None) -> t
 def _shard_linear(q: QuantLinear, qw: QuantizedWeight, bias, activation, perm=None) -> QuantLinear:
     """A QuantLinear over the shard ``qw`` with ``q``'s mode, path and bias dtype."""
     dtype = q.bias.dtype if q.bias is not None else None
-    s = QuantLinear(qw.K, qw.N, bias is not None, mode=q.mode, bits=qw.bits, block_size=qw.block_size, path=q.path,
-                    symmetric=qw.symmetric, activation=activation, act_order=perm is not None,
+    bits, symmetric = (8, True) if q.block_scaled else (qw.bits, qw.symmetric)  # block-scaled: int8, symmetric
+    s = QuantLinear(qw.K, qw.N, bias is not None, mode=q.mode, bits=bits, block_size=qw.block_size, path=q.path,
+                    symmetric=symmetric, activation=activation, act_order=perm is not None,
                     device=qw.qweight.device, dtype=dtype)
     s.set_weight(qw)
     s.set_perm(perm)

@@ -10,6 +10,9 @@ scale and offset. A K split that would cut a block of ``block_size`` (or a 32-bi
 values) is refused; a per-channel weight (one block spanning K) stays per channel: each K shard keeps
 the row's scale and offset over its own K / world columns (block_size becomes K / world).
 
+A ``BlockScaledWeight`` (symmetric per block_size x block_size tile) splits the same way in whole tiles:
+N / world and K / world must be multiples of block_size (its scale has one row per N block).
+
 Pure torch: runs on CPU tensors, no process group needed.
 """
 from __future__ import annotations
@@ -35,9 +38,33 @@ def check_rank(rank, world) -> tuple[int, int]:
     return rank, world
 
 
-def _check_qw(qw) -> None:
-    if not isinstance(qw, QuantizedWeight):
-        raise TypeError(f"qw must be a QuantizedWeight, got {type(qw).__name__}")
+def _block_scaled(qw) -> bool:
+    """True for a BlockScaledWeight, False for a QuantizedWeight; TypeError for anything else."""
+    if isinstance(qw, QuantizedWeight):
+        return False
+    from cutlass_ops.w8a8.block_scaled import BlockScaledWeight  # pure torch, loaded on first use
+
+    if isinstance(qw, BlockScaledWeight):
+        return True
+    raise TypeError(f"qw must be a QuantizedWeight or a BlockScaledWeight, got {type(qw).__name__}")
+
+
+def _shard_block_scaled(qw, rank: int, world: int, column: bool):
+    """Rank ``rank``'s N (column) or K (row) slice of a BlockScaledWeight, in whole block_size tiles."""
+    from cutlass_ops.w8a8.block_scaled import BlockScaledWeight
+
+    bs = qw.block_size
+    kind, dim, name = ("column", qw.N, "N (out_features)") if column else ("row", qw.K, "K (in_features)")
+    if dim % world:
+        raise ValueError(f"{kind} parallel: world={world} must divide {name}={dim}")
+    part = dim // world
+    if part % bs and world > 1:  # world 1: the whole weight (a short last N block included)
+        raise ValueError(f"{kind} parallel: {name[0]} / world = {dim}/{world} = {part} is not a multiple of "
+                         f"block_size={bs}; a shard would cut a block_size x block_size weight tile")
+    values, tiles = slice(rank * part, (rank + 1) * part), slice(rank * part // bs, -(-(rank + 1) * part // bs))
+    if column:
+        return BlockScaledWeight(qw.qweight[values].contiguous(), qw.scale[tiles].contiguous(), bs)
+    return BlockScaledWeight(qw.qweight[:, values].contiguous(), qw.scale[:, tiles].contiguous(), bs)
 
 
 def shard_column(qw: QuantizedWeight, rank: int, world: int) -> QuantizedWeight:
@@ -45,9 +72,11 @@ def shard_column(qw: QuantizedWeight, rank: int, world: int) -> QuantizedWeight:
     offset (K, block_size and the packing untouched). ValueError unless world divides N.
 
     A conv weight (conv_shape (Co, Kh, Kw, Ci)) splits its output channels: conv_shape (Co/world, ...).
+    A BlockScaledWeight splits in whole tiles (N / world a multiple of block_size).
     """
-    _check_qw(qw)
     check_rank(rank, world)
+    if _block_scaled(qw):
+        return _shard_block_scaled(qw, rank, world, column=True)
     if qw.N % world:
         raise ValueError(f"column parallel: world={world} must divide N={qw.N} (out_features)")
     Ns = qw.N // world
@@ -83,10 +112,12 @@ def shard_row(qw: QuantizedWeight, rank: int, world: int) -> QuantizedWeight:
     (naming K, world and block_size) unless K / world is a multiple of block_size, and of 8 for int4. A
     per-channel weight (block_size == K) stays per channel: the shard keeps scale/offset [N, 1] and has
     block_size = K / world. In the weight's stored K order: for an act-order weight (stored as W[:, perm])
-    the shard multiplies the input columns ``shard_perm(perm, rank, world)``.
+    the shard multiplies the input columns ``shard_perm(perm, rank, world)``. A BlockScaledWeight splits
+    in whole tiles (K / world a multiple of block_size).
     """
-    _check_qw(qw)
     check_rank(rank, world)
+    if _block_scaled(qw):
+        return _shard_block_scaled(qw, rank, world, column=False)
     Ks = _row_split(qw, world)
     if qw.num_groups == 1:  # per channel: every shard keeps the one (scale, offset) of its row
         scale, offset, block_size = qw.scale.clone(), qw.offset.clone(), Ks
