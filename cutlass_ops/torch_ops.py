@@ -272,10 +272,10 @@ def _channel_weight(tensors, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _block_scaled_weight(block_size: int, tensors, dtype: torch.dtype) -> torch.Tensor:
-    """Per block_size x block_size tile: W[n, k] = q[n, k] * scale[n // bs, k // bs] (torch ops: traceable)."""
-    qweight, scale = tensors
-    per_element = scale.to(dtype).repeat_interleave(block_size, 0)[:qweight.shape[0]]
-    return qweight.to(dtype) * per_element.repeat_interleave(block_size, 1)
+    """Per block_size x block_size tile: W[n, k] = q[n, k] * scale[n // bs, k // bs]."""
+    from cutlass_ops.w8a8.block_scaled import dequantize_tiles  # pure torch; not loaded at import cutlass_ops
+
+    return dequantize_tiles(*tensors, block_size, dtype)
 
 
 def _save_linear(ctx, op, inputs, output, tensors, dequant, bias_index, act):

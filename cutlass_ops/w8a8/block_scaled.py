@@ -36,7 +36,7 @@ from cutlass_ops._validate import (FLOAT_DTYPES, check_dtype, check_int, check_n
 __all__ = [
     "DEFAULT_BLOCK_SIZE", "BlockScaledWeight", "quantize_weight_block_scaled",
     "quantize_activation_block_scaled_reference", "linear_block_scaled_reference", "row_scale_planes",
-    "slice_scales", "linear_w8a8_block_scaled",
+    "slice_scales", "scale_per_element", "dequantize_tiles", "linear_w8a8_block_scaled",
 ]
 
 DEFAULT_BLOCK_SIZE = 128
@@ -102,14 +102,24 @@ class BlockScaledWeight:
 
     def scale_per_element(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """scale[n // bs, k // bs] as ``dtype`` [N, K]."""
-        bs = self.block_size
-        return self.scale.to(dtype).repeat_interleave(bs, 0)[:self.N].repeat_interleave(bs, 1)
+        return scale_per_element(self.scale, self.N, self.block_size, dtype)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """W = q * scale as ``dtype`` [N, K] (exact in float64)."""
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
-        return self.qweight.to(dtype) * self.scale_per_element(dtype)
+        return dequantize_tiles(self.qweight, self.scale, self.block_size, dtype)
+
+
+def scale_per_element(scale: torch.Tensor, N: int, block_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """The tile scales [ceil(N / bs), K / bs] spread to [N, K] as ``dtype`` (torch ops only: traceable)."""
+    return scale.to(dtype).repeat_interleave(block_size, 0)[:N].repeat_interleave(block_size, 1)
+
+
+def dequantize_tiles(qweight: torch.Tensor, scale: torch.Tensor, block_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """W = qweight * scale per tile as ``dtype`` [N, K], unchecked (``BlockScaledWeight.dequantize`` checks;
+    the backward of the custom op calls this on its saved tensors)."""
+    return qweight.to(dtype) * scale_per_element(scale, qweight.shape[0], block_size, dtype)
 
 
 def _check_finite(t: torch.Tensor, name: str) -> None:
