@@ -118,18 +118,25 @@ def conv2d_kernels(dtype: torch.dtype, bits: int, channels_last: bool, Ci: int, 
     """What ``cutlass_ops.conv2d`` loads by default (strategy "auto") for a weight [Co, Ci / groups, Kh, Kw]
     of ``bits`` in blocks of ``block_size`` and ``dtype`` activations on sm_``cc`` (16-byte aligned
     operands: a misaligned one makes igemm fall back to direct)."""
-    from cutlass_ops.conv import AUTO_SMALL_CI_MAX
+    from cutlass_ops.conv import _DEQUANT_CUDNN_DTYPES, AUTO_SMALL_CI_MAX
     from cutlass_ops.conv.depthwise import DepthwisePlan
+    from cutlass_ops.conv.dequant_cudnn import DequantCudnnPlan
     from cutlass_ops.conv.direct import DirectPlan
     from cutlass_ops.conv.igemm import IgemmPlan, igemm_problem
     from cutlass_ops.conv.small_ci import SmallCiPlan
 
+    # convs of >= DEQUANT_CUDNN_MIN_MACS multiply-adds (large batches) run dequant_cudnn (fp16 / bf16)
+    half = dtype in _DEQUANT_CUDNN_DTYPES
+    at_batch = _uses(DequantCudnnPlan.kernels(dtype, bits, channels_last)) if half else set()
     if igemm_problem(dtype, Ci // groups, Co, groups, block_size, cc) is None:
-        return _uses(IgemmPlan.kernels(dtype, bits, channels_last))
-    uses = _uses(DirectPlan.kernels(dtype, bits, channels_last))  # what a kernel size the others refuse gets
+        return _uses(IgemmPlan.kernels(dtype, bits, channels_last)) | at_batch
+    uses = set(at_batch)
     if groups == Ci > 1 and Co % Ci == 0:
         uses |= _uses(DepthwisePlan.kernels(dtype, bits, channels_last))
-    elif groups == 1 and Ci <= AUTO_SMALL_CI_MAX:
+    if half:  # whatever igemm and depthwise leave: dequant_cudnn
+        return uses
+    uses |= _uses(DirectPlan.kernels(dtype, bits, channels_last))  # what a kernel size the others refuse gets
+    if groups == 1 and Ci <= AUTO_SMALL_CI_MAX:
         uses |= _uses(SmallCiPlan.kernels(dtype, bits, channels_last))
     return uses
 
@@ -229,7 +236,9 @@ def _weight_only(cc: int, pdl: bool):
 
 
 def _conv(cc: int):
+    from cutlass_ops.conv import _DEQUANT_CUDNN_DTYPES
     from cutlass_ops.conv.depthwise import DepthwisePlan
+    from cutlass_ops.conv.dequant_cudnn import DequantCudnnPlan
     from cutlass_ops.conv.direct import DirectPlan
     from cutlass_ops.conv.geometry import DTYPE_CODES
     from cutlass_ops.conv.igemm import BK, BN, IgemmPlan, igemm_problem
@@ -239,9 +248,12 @@ def _conv(cc: int):
         igemm = igemm_problem(dtype, BK, BN, 1, BK, cc) is None  # igemm runs some conv of dtype on this arch
         for bits in BITS:
             for channels_last in (False, True):
-                yield "conv", _uses(DirectPlan.kernels(dtype, bits, channels_last))  # the fallback, any conv
                 yield "conv", _uses(DepthwisePlan.kernels(dtype, bits, channels_last))  # groups = Ci, any arch
-                yield "conv", _uses(SmallCiPlan.kernels(dtype, bits, channels_last))  # stems, any arch
+                if dtype in _DEQUANT_CUDNN_DTYPES:  # at batch, and what igemm and depthwise leave
+                    yield "conv", _uses(DequantCudnnPlan.kernels(dtype, bits, channels_last))
+                else:
+                    yield "conv", _uses(DirectPlan.kernels(dtype, bits, channels_last))  # the fallback, any conv
+                    yield "conv", _uses(SmallCiPlan.kernels(dtype, bits, channels_last))  # stems, any arch
                 if igemm:
                     yield "conv", _uses(IgemmPlan.kernels(dtype, bits, channels_last))
 

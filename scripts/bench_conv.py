@@ -11,9 +11,10 @@ For each layer: cuDNN fp16 in NCHW and channels_last (torch.nn.functional.conv2d
 on), ours with int4 and int8 weights in both layouts (strategy "auto"), the ratio of ours to cuDNN
 channels_last (issue 18's targets: every layer <= 1.5x, '!' marks a miss; the geometric mean of a
 batch <= 1.0x), and with ``--splits`` a split-K sweep of ours (int4, NHWC, igemm layers only) to
-show how far the automatic choice is from the best. ``--prefer depthwise small_ci`` times, on each
-layer one of those strategies can run, that strategy instead of "auto" (the auto column names what
-ran; "auto" itself picks depthwise for groups = Ci and small_ci for stems of <= 4 channels). The quantization block is ``--block-size`` where it divides K = Kh*Kw*Ci/groups, else the
+show how far the automatic choice is from the best. ``--prefer S ...`` (depthwise, small_ci, igemm,
+dequant_cudnn) times, on each layer one of those strategies can run, that strategy instead of "auto" (the
+auto column names what ran; "auto" itself picks dequant_cudnn from ``DEQUANT_CUDNN_MIN_MACS``
+multiply-adds on, depthwise for groups = Ci and small_ci for stems of <= 4 channels). The quantization block is ``--block-size`` where it divides K = Kh*Kw*Ci/groups, else the
 largest divisor of K below it (the stem: 49 of 147; depthwise: the whole row, 9 or 49). A layer the
 API refuses gets the cell "refused: <reason>".
 GPU times from CUDA graphs of repeated calls (no host time, operands warm in L2 as a network's
@@ -38,8 +39,8 @@ import torch.nn.functional as F
 from _timing import write_report
 
 import cutlass_ops
-from cutlass_ops.conv import STAGED, ConvGeometry, auto_strategy as conv_auto_strategy, conv2d_output_shape, \
-    conv2d_weight_only, strategy_problem
+from cutlass_ops.conv import DEQUANT_CUDNN_MIN_MACS, STAGED, ConvGeometry, auto_strategy as conv_auto_strategy, \
+    conv2d_output_shape, conv2d_weight_only, strategy_problem
 from cutlass_ops.conv.igemm import igemm_problem
 from cutlass_ops.formats import quantize_conv_weight
 
@@ -195,10 +196,17 @@ def layer_geometry(layer: Layer, block_size: int) -> ConvGeometry:
                         layer.stride, pad, pad, 1, 1, block_size, 0, layer.groups)
 
 
+PREFERABLE = (*STAGED, "igemm", "dequant_cudnn")  # what --prefer takes
+
+
 def strategy_for(layer: Layer, block_size: int, prefer=()) -> str:
     """The first strategy of ``prefer`` that can run the layer (fp16), else "auto"."""
     for strategy in prefer:
-        if strategy_problem(strategy, layer_geometry(layer, block_size), torch.float16) is None:
+        if strategy == "igemm":
+            problem = igemm_problem(torch.float16, layer.Ci // layer.groups, layer.Co, layer.groups, block_size)
+        else:
+            problem = strategy_problem(strategy, layer_geometry(layer, block_size), torch.float16)
+        if problem is None:
             return strategy
     return "auto"
 
@@ -246,8 +254,9 @@ def bench_layer(layer: Layer, block_size: int, splits, prefer=()) -> dict:
             if err > 1e-2:
                 log.warning("layer %s %s: relative error %.2e", layer, key, err)
             del ref
-            fns[key] = (lambda xin=xin, qw=qw, out=out:
-                        conv2d_weight_only(xin, qw, bias, stride, pad, groups=groups, out=out, strategy=strategy))
+            # timed without `out`, as a model calls it (dequant_cudnn then returns cuDNN's output, no copy)
+            fns[key] = (lambda xin=xin, qw=qw:
+                        conv2d_weight_only(xin, qw, bias, stride, pad, groups=groups, strategy=strategy))
     for key, fn in fns.items():
         row[key] = bench_graph_us(fn)
         if key.endswith("_nhwc"):
@@ -345,7 +354,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--splits", type=int, nargs="*", default=None,
                    help=f"also sweep split_k of the int4 NHWC igemm layers over these values ('--splits' alone: "
                         f"{' '.join(map(str, SPLITS))}; default: no sweep, it multiplies the run time)")
-    p.add_argument("--prefer", nargs="+", default=[], choices=STAGED,
+    p.add_argument("--prefer", nargs="+", default=[], choices=PREFERABLE,
                    help="strategies to time instead of auto on the layers they can run, first match wins")
     args = p.parse_args(argv)
     if args.block_size < 1:
@@ -374,8 +383,9 @@ def main(argv=None) -> int:
              f"(issue 18: every layer <= {RATIO_LIMIT}x, '!' marks a miss; geometric mean per batch <= "
              f"{GEOMEAN_LIMIT:.1f}x).",
              "block: the quantization block along K = k*k*Ci/groups (block_size, or the largest divisor of K",
-             "below it). auto: the strategy that ran (\"auto\" picks igemm: tensor cores; depthwise for groups = Ci; "
-             "small_ci for a stem of <= 4 channels; else direct: one thread per output"
+             "below it). auto: the strategy that ran (\"auto\" picks dequant_cudnn: the weight dequantized, then "
+             f"cuDNN, for convs of >= {DEQUANT_CUDNN_MIN_MACS / 2 ** 20:.0f} Mi multiply-adds; else igemm: tensor "
+             "cores; depthwise for groups = Ci; small_ci for a stem of <= 4 channels; else direct: one thread per output"
              + (f"; {', '.join(args.prefer)} where they apply (--prefer)" if args.prefer else "") + ").",
              "eager: median per eager call (do_bench; host launch cost included where it exceeds the kernel",
              "time). refused: the API raised; that layer is left out of the geometric mean."

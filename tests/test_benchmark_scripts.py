@@ -68,12 +68,18 @@ def test_auto_strategy_of_the_layer_set():
     for layer in bench_conv.layer_set([1]):
         strategies[bench_conv.layer_kind(layer)].add(
             bench_conv.auto_strategy(layer, bench_conv.block_size_for(layer.K, 64)))
-    assert strategies == {"ResNet-50": {"igemm"}, "stem": {"small_ci"}, "depthwise": {"depthwise"}}
+    assert strategies == {"ResNet-50": {"igemm"}, "stem": {"dequant_cudnn"}, "depthwise": {"depthwise"}}
+    # batch 32: every layer at >= DEQUANT_CUDNN_MIN_MACS multiply-adds runs dequant_cudnn; the depthwise 3x3
+    # (115 M) keeps its own kernel
+    at_batch = {bench_conv.layer_label(layer): bench_conv.auto_strategy(layer, bench_conv.block_size_for(layer.K, 64))
+                for layer in bench_conv.layer_set([32])}
+    assert at_batch.pop("32, 128, 56x56, 128, 3, 1, 128") == "depthwise"
+    assert set(at_batch.values()) == {"dequant_cudnn"}
 
 
 def test_prefer_times_the_forced_strategies_where_they_apply():
-    """--prefer depthwise small_ci: the depthwise layers take depthwise, the stem small_ci (what auto picks
-    too), the rest auto."""
+    """--prefer depthwise small_ci: the depthwise layers take depthwise, the stem small_ci, the rest auto;
+    --prefer igemm dequant_cudnn: the ResNet-50 layers igemm, the rest dequant_cudnn."""
     picked = {bench_conv.layer_kind(layer): set() for layer in bench_conv.layer_set([1, 32])}
     for layer in bench_conv.layer_set([1, 32]):
         block = bench_conv.block_size_for(layer.K, 64)
@@ -81,6 +87,10 @@ def test_prefer_times_the_forced_strategies_where_they_apply():
         assert bench_conv.strategy_for(layer, block) == "auto"
     assert picked == {"ResNet-50": {"auto"}, "stem": {"small_ci"}, "depthwise": {"depthwise"}}
     assert bench_conv.parse_args(["--prefer", "small_ci"]).prefer == ["small_ci"]
+    picked = {bench_conv.layer_kind(layer): bench_conv.strategy_for(layer, bench_conv.block_size_for(layer.K, 64),
+                                                                     ("igemm", "dequant_cudnn"))
+              for layer in bench_conv.layer_set([1])}
+    assert picked == {"ResNet-50": "igemm", "stem": "dequant_cudnn", "depthwise": "dequant_cudnn"}
 
 
 def test_conv_ratio_cells_and_summary():

@@ -153,11 +153,41 @@ def test_geometry_and_dispatch_of_groups():
     (8, 8, 2, 3, 9, None, "direct"),           # grouped, not depthwise
 ])
 def test_auto_strategy(Ci, Co, groups, k, block_size, smem_limit, expected):
+    """fp32 as listed; fp16 / bf16 the same for igemm and depthwise, else dequant_cudnn (below the MACs
+    threshold too: cuDNN on the dequantized weight beats small_ci and direct for the half types)."""
     from cutlass_ops.conv import auto_strategy
 
     g = ConvGeometry(2, 56, 56, Ci, 56, 56, Co, k, k, 1, 1, k // 2, k // 2, 1, 1, block_size, 0, groups)
     igemm_reason = None if expected == "igemm" else "igemm does not apply"
-    assert auto_strategy(g, torch.float16, igemm_reason, smem_limit) == expected
+    assert auto_strategy(g, torch.float32, igemm_reason, smem_limit) == expected
+    half = expected if expected in ("igemm", "depthwise") else "dequant_cudnn"
+    for dtype in (torch.float16, torch.bfloat16):
+        assert auto_strategy(g, dtype, igemm_reason, smem_limit) == half
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_auto_strategy_at_batch_is_dequant_cudnn_for_half_types(dtype):
+    """From DEQUANT_CUDNN_MIN_MACS multiply-adds on, fp16 / bf16 convs run dequant_cudnn whatever else could
+    run them; fp32 never (cuDNN would take TF32 where the user allows it); one below, the other rules hold."""
+    from cutlass_ops.conv import DEQUANT_CUDNN_MIN_MACS, auto_strategy, macs
+
+    def geometry(batch, Ci, Co, k, groups):
+        return ConvGeometry(batch, 56, 56, Ci, 56, 56, Co, k, k, 1, 1, k // 2, k // 2, 1, 1, k * k, 0, groups)
+
+    half = dtype != torch.float32
+    big = geometry(32, 64, 64, 3, 1)  # ResNet-50 64 -> 64 3x3 at batch 32: 3.7 G
+    assert macs(big) == 32 * 56 * 56 * 64 * 9 * 64 >= DEQUANT_CUDNN_MIN_MACS
+    assert auto_strategy(big, dtype, None) == ("dequant_cudnn" if half else "igemm")
+    assert auto_strategy(geometry(32, 3, 64, 7, 1), dtype, "no igemm") == ("dequant_cudnn" if half else "small_ci")
+    assert auto_strategy(geometry(1, 3, 64, 7, 1), dtype, "no igemm") == ("dequant_cudnn" if half else "small_ci")
+    assert auto_strategy(geometry(32, 96, 96, 7, 96), dtype, "no igemm") == ("dequant_cudnn" if half else "depthwise")
+    # depthwise 3x3 at batch 32 (115.6 M) stays depthwise; the threshold itself is inclusive
+    assert auto_strategy(geometry(32, 128, 128, 3, 128), dtype, "no igemm") == "depthwise"
+    edge = ConvGeometry(1, 1, 1, 1, 1, 1, DEQUANT_CUDNN_MIN_MACS, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 1)
+    assert macs(edge) == DEQUANT_CUDNN_MIN_MACS and auto_strategy(edge, dtype, None) == ("dequant_cudnn" if half
+                                                                                         else "igemm")
+    below = ConvGeometry(1, 1, 1, 1, 1, 1, DEQUANT_CUDNN_MIN_MACS - 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 1)
+    assert auto_strategy(below, dtype, None) == "igemm"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -228,6 +228,7 @@ def recorder(monkeypatch):
     from custom_kernels import launch
     from cutlass_ops import conv, weight_only
     from cutlass_ops.conv import depthwise as conv_depthwise
+    from cutlass_ops.conv import dequant_cudnn as conv_dequant_cudnn
     from cutlass_ops.conv import small_ci as conv_small_ci
     from cutlass_ops.weight_only import dequant_cublas, gemm_small_m, gemv_mma, gemv_stream, splitk
 
@@ -248,7 +249,8 @@ def recorder(monkeypatch):
     monkeypatch.setattr(weight_only, "capability", lambda device=None: gpu["cc"])
     for module in (weight_only, dequant_cublas):
         monkeypatch.setattr(module, "on_device", lambda device: contextlib.nullcontext())
-    for module in (gemv_mma, splitk, gemv_stream, dequant_cublas, gemm_small_m, conv, conv_depthwise, conv_small_ci):
+    for module in (gemv_mma, splitk, gemv_stream, dequant_cublas, gemm_small_m, conv, conv_depthwise, conv_small_ci,
+                   conv_dequant_cudnn):
         if hasattr(module, "sm_count"):
             monkeypatch.setattr(module, "sm_count", lambda device: gpu["sms"])
     for module in (gemv_stream, gemm_small_m, conv_small_ci):
@@ -310,9 +312,9 @@ def test_conv_plans_load_what_their_kernels_name(recorder, cc):
     recorded, set_gpu = recorder
     seen = set()
     KINDS = ("conv_direct", "conv_igemm", "conv_nchw_to_nhwc", "conv_splitk_reduce", "conv_depthwise",
-             "conv_small_ci")
+             "conv_small_ci", "conv_dequant", "conv_bias_act")
     for dtype, bits, channels_last, Ci, Co, groups, block_size in conv_grid():
-        for batch, H, sms in ((1, 7, 132), (8, 28, 8)):  # split along K or not
+        for batch, H, sms in ((1, 7, 132), (8, 28, 8), (64, 56, 132)):  # split along K or not; at batch
             set_gpu(cc, sms)
             Oh, Ow = conv2d_output_shape(H, H, 3, 3, (1, 1), (1, 1), (1, 1))
             dims = (batch, H, H, Ci, Oh, Ow, Co, 3, 3, 1, 1, 1, 1, 1, 1, block_size, 1, groups)

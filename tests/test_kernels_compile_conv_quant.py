@@ -8,12 +8,15 @@ import pytest
 from custom_kernels import nvrtc
 from custom_kernels.cuda_paths import nvcc_path
 
-SOURCES = ("conv_direct.cu", "conv_igemm.cu", "quant_a.cu", "scheme2_epilogue.cu")
+SOURCES = ("conv_direct.cu", "conv_igemm.cu", "conv_dequant.cu", "quant_a.cu", "scheme2_epilogue.cu")
 
 # extern "C" entry points each source must export (the names cutlass_ops.conv and cutlass_ops.w8a8 launch).
 ENTRY_POINTS = {
     "conv_direct.cu": [f"conv_direct_{t}_w{b}_{l}" for t in ("f32", "f16", "bf16") for b in (4, 8)
                        for l in ("nchw", "nhwc")],
+    "conv_dequant.cu": [f"conv_dequant{w}_{t}_w{b}_{l}" for w in ("", "8") for t in ("f32", "f16", "bf16")
+                        for b in (4, 8) for l in ("nchw", "nhwc")]
+    + [f"conv_bias_act_{t}_nhwc" for t in ("f32", "f16", "bf16")],
     "conv_igemm.cu": [f"conv_igemm_{t}_w{b}_{l}" for t in ("f16", "bf16") for b in (4, 8) for l in ("nchw", "nhwc")]
     + [f"conv_splitk_reduce_{t}_{l}" for t in ("f16", "bf16") for l in ("nchw", "nhwc")]
     + ["conv_nchw_to_nhwc_b16"],

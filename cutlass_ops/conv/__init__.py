@@ -2,7 +2,7 @@
 
 ``conv2d_weight_only(x, qw, ...)`` computes ``act(conv2d(x, dequantize(qw), groups=groups) + bias)``
 with the weight dequantized on the fly (w = q * scale + offset, blocks along K = Kh*Kw*Ci/groups).
-Four strategies, one plan class each (built once per geometry, dtype, weight bits, layout and device,
+Five strategies, one plan class each (built once per geometry, dtype, weight bits, layout and device,
 kept in a bounded cache; a call looks its plan up and launches it):
 
 - ``"direct"`` (:mod:`.direct`): one thread per output element, fp32 accumulation. Any dtype,
@@ -16,11 +16,16 @@ kept in a bounded cache; a call looks its plan up and launches it):
   staged in shared memory, any dtype and layout.
 - ``"small_ci"`` (:mod:`.small_ci`): few input channels per group (CNN stems, Ci = 3), a tile of output
   pixels and channels per block over the weights dequantized into shared memory.
+- ``"dequant_cudnn"`` (:mod:`.dequant_cudnn`): the weight dequantized into a transient dense tensor, then
+  cuDNN (convs at batch, bound by their multiply-adds rather than the weight's bytes). Any conv.
 
-``"auto"`` (:func:`auto_strategy`) picks igemm where it applies, else depthwise for groups = Ci, else
-small_ci for an ungrouped conv of at most ``AUTO_SMALL_CI_MAX`` input channels (an RGB(A) or grey stem),
-else direct. Measured on an H200 (scripts/results/nvidia-h200/bench_conv.md): depthwise 3x3 / 7x7 at
-0.62-1.28x cuDNN NHWC, the ResNet stem at 1.2-1.8x cuDNN where direct took 35x.
+``"auto"`` (:func:`auto_strategy`) picks dequant_cudnn for fp16 / bf16 convs of at least
+``DEQUANT_CUDNN_MIN_MACS`` multiply-adds, else igemm where it applies, else depthwise for groups = Ci, else
+dequant_cudnn for fp16 / bf16; fp32 convs take small_ci for an ungrouped conv of at most
+``AUTO_SMALL_CI_MAX`` input channels (an RGB(A) or grey stem), else direct. Measured on an H200
+(scripts/results/nvidia-h200/bench_conv.md, docs/design.md section 5): at batch 1 igemm 0.60-1.05x cuDNN NHWC
+on the ResNet-50 layers, depthwise 0.87-0.99x, the stem 1.08x through dequant_cudnn (small_ci 1.47x); at
+batch 32 dequant_cudnn 1.01-1.16x (igemm took 1.5-3.5x), depthwise 3x3 0.65x.
 
 ``cutlass_ops.conv2d`` validates the operands (types, dtypes, ranks, devices) and calls
 :func:`conv2d_weight_only`, which keeps only the rules of its own arguments (``out``,
@@ -44,9 +49,9 @@ from .geometry import DTYPE_CODES, ConvGeometry, conv2d_output_shape
 from .igemm import IgemmPlan, igemm_unsupported
 
 __all__ = ["conv2d_weight_only", "conv2d_output_shape", "plan_for", "ConvGeometry", "STRATEGIES", "STAGED",
-           "AUTO_SMALL_CI_MAX", "auto_strategy", "strategy_problem"]
+           "AUTO_SMALL_CI_MAX", "DEQUANT_CUDNN_MIN_MACS", "auto_strategy", "strategy_problem"]
 
-STRATEGIES = ("auto", "direct", "igemm", "depthwise", "small_ci")
+STRATEGIES = ("auto", "direct", "igemm", "depthwise", "small_ci", "dequant_cudnn")
 _INT32_MAX = 2 ** 31 - 1
 PLANS_KEPT = 1024  # distinct (geometry, dtype, bits, layout, strategy, split_k, device) plans
 
@@ -63,11 +68,20 @@ def plan_for(strategy: str, dtype: torch.dtype, bits: int, channels_last: bool, 
         return DirectPlan(geometry, dtype, bits, channels_last, device, arch)
     if strategy in STAGED:
         return _staged(strategy)[0](geometry, dtype, bits, channels_last, device, arch)
+    if strategy == "dequant_cudnn":
+        from .dequant_cudnn import DequantCudnnPlan
+
+        return DequantCudnnPlan(geometry, dtype, bits, channels_last, device, arch)
     return IgemmPlan(geometry, dtype, bits, channels_last, device, arch, sm_count(device), split_k)
 
 
 STAGED = ("depthwise", "small_ci")  # strategies over weights staged in shared memory, imported on first use
 AUTO_SMALL_CI_MAX = 4  # "auto" sends ungrouped convs of <= 4 input channels (RGB(A) / grey stems) to small_ci
+# "auto" sends fp16 / bf16 convs of at least this many multiply-adds (batch * Oh * Ow * Co * Kh * Kw * Ci / groups)
+# to dequant_cudnn. The ResNet-50 layers at batch 1 do 51-118 M (igemm 0.60-1.08x cuDNN NHWC on an H200), at
+# batch 32 1.6-3.8 G (igemm 1.5-3.5x); docs/design.md section 5 has the crossover measured.
+DEQUANT_CUDNN_MIN_MACS = 1 << 28
+_DEQUANT_CUDNN_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def _staged(strategy: str):
@@ -82,27 +96,40 @@ def _staged(strategy: str):
 
 
 def strategy_problem(strategy: str, geometry: ConvGeometry, dtype: torch.dtype) -> str | None:
-    """Why the STAGED ``strategy`` cannot run ``geometry`` with ``dtype`` activations (None: it can).
-    Pure: no GPU."""
+    """Why the STAGED ``strategy`` (or dequant_cudnn, which runs any conv) cannot run ``geometry`` with
+    ``dtype`` activations (None: it can). Pure: no GPU."""
+    if strategy == "dequant_cudnn":
+        return None
     return _staged(strategy)[1](geometry, dtype)
 
 
 def auto_strategy(geometry: ConvGeometry, dtype: torch.dtype, igemm_reason: str | None,
                   smem_limit: int | None = None) -> str:
-    """The strategy "auto" runs: igemm where it applies (``igemm_reason`` None), else depthwise (groups =
-    Ci), else small_ci (groups = 1, Ci <= AUTO_SMALL_CI_MAX, its shared memory within ``smem_limit``
-    bytes per block: the GPU's opt-in maximum; None: the strategy's own budget), else direct. Pure."""
+    """The strategy "auto" runs: dequant_cudnn for fp16 / bf16 convs of >= DEQUANT_CUDNN_MIN_MACS
+    multiply-adds, else igemm where it applies (``igemm_reason`` None), else depthwise (groups = Ci), else
+    dequant_cudnn for fp16 / bf16; for fp32 small_ci (groups = 1, Ci <= AUTO_SMALL_CI_MAX, its shared
+    memory within ``smem_limit`` bytes per block: the GPU's opt-in maximum; None: the strategy's own
+    budget), else direct. Pure."""
+    if dtype in _DEQUANT_CUDNN_DTYPES and macs(geometry) >= DEQUANT_CUDNN_MIN_MACS:
+        return "dequant_cudnn"
     if igemm_reason is None:
         return "igemm"
     g = geometry
     if g.groups == g.Ci and g.groups > 1 and strategy_problem("depthwise", g, dtype) is None:
         return "depthwise"
+    if dtype in _DEQUANT_CUDNN_DTYPES:  # cuDNN on the dequantized weight beats small_ci (stem) and direct
+        return "dequant_cudnn"
     if g.groups == 1 and g.Ci <= AUTO_SMALL_CI_MAX:
         from .small_ci import SMEM_BUDGET, small_ci_unsupported
 
         if small_ci_unsupported(g, dtype, SMEM_BUDGET if smem_limit is None else smem_limit) is None:
             return "small_ci"
     return "direct"
+
+
+def macs(geometry: ConvGeometry) -> int:
+    """Multiply-adds of the conv: M * Co * K = batch * Oh * Ow * Co * Kh * Kw * Ci / groups."""
+    return geometry.M * geometry.Co * geometry.K
 
 
 @functools.lru_cache(maxsize=None)
@@ -145,7 +172,7 @@ def conv2d_weight_only(x: torch.Tensor, qw, bias: torch.Tensor | None = None, st
     int or (h, w). act: 0/None none, 1/"relu", 2/"relu6". groups: as torch.nn.functional.conv2d
     (groups = Ci: depthwise). The output [B, Co, Oh, Ow] has x's dtype and memory format;
     ``out`` may supply it (same shape, dtype and memory format). ``strategy``: "auto", "direct",
-    "igemm", "depthwise" or "small_ci"; ``split_k`` forces the igemm K split (None: chosen from the GPU's
+    "igemm", "depthwise", "small_ci" or "dequant_cudnn"; ``split_k`` forces the igemm K split (None: chosen from the GPU's
     SM count).
     """
     if not x.is_cuda:  # a host pointer would reach the kernel
@@ -180,23 +207,14 @@ def conv2d_weight_only(x: torch.Tensor, qw, bias: torch.Tensor | None = None, st
         if bias.dtype != x.dtype or not bias.is_contiguous():
             bias = bias.to(x.dtype).contiguous()
 
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    if out is None:
-        out = torch.empty((batch, Co, Oh, Ow), dtype=x.dtype, device=x.device, memory_format=memory_format)
-    else:
-        check_dtype(out, "out", (x.dtype,))
-        check_shape(out, "out", (batch, Co, Oh, Ow), "[B, Co, Oh, Ow]")
-        check_same_device({"out": out}, x.device, "x")
-        if not out.is_contiguous(memory_format=memory_format):
-            raise ValueError(f"out must be {'channels_last' if channels_last else 'NCHW'}-contiguous like x")
-
-    if out.numel() == 0:  # batch 0 (or Co 0): nothing to launch
-        return out
     device = x.device.index
     current = current_device()
     if device is None:
         device = current
     dims = (batch, H, W, groups * Ci, Oh, Ow, Co, Kh, Kw, *stride, *padding, *dilation, qw.block_size, act, groups)
+    if strategy == "auto":
+        if x.dtype in _DEQUANT_CUDNN_DTYPES and batch * Oh * Ow * Co * Kh * Kw * Ci >= DEQUANT_CUDNN_MIN_MACS:
+            strategy = "dequant_cudnn"  # auto_strategy's first rule, without building a ConvGeometry per call
     if strategy == "auto" or strategy == "igemm":
         reason = igemm_unsupported(x, channels_last, qw, Ci, device, groups)
         if reason is not None and strategy == "igemm":
@@ -207,10 +225,26 @@ def conv2d_weight_only(x: torch.Tensor, qw, bias: torch.Tensor | None = None, st
         reason = strategy_problem(strategy, ConvGeometry(*dims), x.dtype)
         if reason is not None:
             raise ValueError(f"strategy={strategy!r} cannot run this conv: {reason}")
+
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    if out is not None:
+        check_dtype(out, "out", (x.dtype,))
+        check_shape(out, "out", (batch, Co, Oh, Ow), "[B, Co, Oh, Ow]")
+        check_same_device({"out": out}, x.device, "x")
+        if not out.is_contiguous(memory_format=memory_format):
+            raise ValueError(f"out must be {'channels_last' if channels_last else 'NCHW'}-contiguous like x")
+    if batch * Co * Oh * Ow == 0:  # batch 0 (or Co 0): nothing to launch
+        return torch.empty((batch, Co, Oh, Ow), dtype=x.dtype, device=x.device,
+                           memory_format=memory_format) if out is None else out
+    if out is None and strategy != "dequant_cudnn":  # dequant_cudnn returns cuDNN's output (no copy)
+        out = torch.empty((batch, Co, Oh, Ow), dtype=x.dtype, device=x.device, memory_format=memory_format)
     plan = plan_for(strategy, x.dtype, qw.bits, channels_last, dims, split_k, device)
     if device == current:
-        plan(x, qw, bias, out)
+        result = plan(x, qw, bias, out)
     else:
         with on_device(device):
-            plan(x, qw, bias, out)
+            result = plan(x, qw, bias, out)
+    if out is None:  # dequant_cudnn's own output: torch keeps x's memory format, except in corner cases
+        return result if result.is_contiguous(memory_format=memory_format) else result.contiguous(
+            memory_format=memory_format)
     return out
