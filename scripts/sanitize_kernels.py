@@ -529,6 +529,8 @@ def _conv_source(kernel: str) -> str:
     for strategy in ("direct", "depthwise", "small_ci"):
         if kernel.startswith(f"conv_{strategy}_"):
             return f"conv_{strategy}.cu"
+    if kernel.startswith(("conv_dequant", "conv_bias_act_")):
+        return "conv_dequant.cu"
     return "conv_igemm.cu"
 
 
@@ -649,6 +651,24 @@ def _build_conv_cases() -> None:
                 layout = "nhwc" if channels_last else "nchw"
                 _conv_case("small_ci", dtype, bits, channels_last, small_ci[j % 2],
                            [f"conv_small_ci_{_DT_NAME[dtype]}_w{bits}_{layout}"], act=j % 3, bias=j % 4 != 0)
+                j += 1
+    # dequant_cudnn: each module's per-element and 8-wide dequantization in both layouts (the stem's K = 147
+    # and a block of 12 take the per-element kernel; K = 576 / 288 with blocks of 64 / 32 the 8-wide one), and
+    # the NHWC bias / activation epilogue (Co % 8 == 0)
+    per_element = (ConvShape(2, 3, 21, 19, 16, 7, 7, (2, 2), (3, 3), (1, 1), 21),
+                   ConvShape(1, 24, 9, 11, 40, 3, 3, (1, 1), (1, 1), (1, 1), 12))
+    wide = (ConvShape(2, 64, 9, 9, 72, 3, 3, (1, 1), (1, 1), (1, 1), 64),
+            ConvShape(1, 64, 8, 10, 48, 3, 3, (2, 1), (1, 2), (1, 2), 32, 2))
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        tag = _DT_NAME[dtype]
+        for bits in (4, 8):
+            for channels_last in (False, True):
+                layout = "nhwc" if channels_last else "nchw"
+                _conv_case("dequant_cudnn", dtype, bits, channels_last, per_element[j % 2],
+                           [f"conv_dequant_{tag}_w{bits}_{layout}"], act=j % 3, bias=j % 4 != 0)
+                epilogue = [f"conv_bias_act_{tag}_nhwc"] if channels_last else []
+                _conv_case("dequant_cudnn", dtype, bits, channels_last, wide[j % 2],
+                           [f"conv_dequant8_{tag}_w{bits}_{layout}", *epilogue], act=1 + j % 2)
                 j += 1
     # public API, auto strategy: deep K and few pixels (igemm, split along K by the heuristic)
     _conv_case("auto", torch.float16, 4, True, ConvShape(1, 512, 7, 7, 64, 3, 3, (1, 1), (1, 1), (1, 1), 128),
