@@ -2,7 +2,7 @@
 
 The dequantized weight itself (both layouts, int4 rows padded to whole words, block sizes that split taps),
 then whole convs: the ResNet-50 layers and the stem at batch 32 (where "auto" picks this strategy), and
-ragged shapes: batch 1 / 7, Ci 3 / 48, Co 13 / 24 / 40 (the NHWC bias / activation epilogue and its
+ragged shapes: batch 1 / 7, Ci 3 / 48 / 4096, Co 13 / 24 / 40 (the NHWC bias / activation epilogue and its
 fallback), groups 2 and depthwise, strides (2, 1), padding (0, 2), dilation 2,
 a 3x5 kernel, NCHW and channels_last, fp32 / fp16 / bf16, int4 / int8, act 0 / 1 / 2, bias present and
 None, with ``out`` and without (the output keeps x's memory format). fp32 runs with TF32 off (cuDNN
@@ -47,6 +47,7 @@ CASES = [
     Case(2, 96, 30, 30, 96, 7, 1, 3, 1, 96, 8, 49, F16, True, 0),    # depthwise 7x7
     Case(2, 96, 30, 30, 96, 7, 1, 3, 1, 96, 4, 7, F32, False, 1),
     Case(3, 3, 19, 21, 13, 5, 2, 2, 1, 1, 4, 75, F32, False, 2),     # K = 75: int4 rows padded to 80
+    Case(7, 4096, 3, 3, 40, 3, 1, 1, 1, 1, 8, 128, BF16, False, 1),  # Ci = 4096: K = 36,864
     # NHWC epilogue: Co % 8 != 0 (torch's add / relu instead of conv_bias_act), and nothing to apply
     Case(3, 3, 19, 21, 13, 5, 2, 2, 1, 1, 8, 75, F16, True, 1),
     Case(2, 64, 14, 14, 24, 3, 1, 1, 1, 1, 4, 64, BF16, True, 0, bias=False),

@@ -53,6 +53,8 @@ CASES = [
     Case(8, 64, 10, 10, 64, 3, 2, 1, 1, 1, 8, 64, torch.bfloat16, True, 1),
     # fp32 NHWC int8 stride 2 dilation 2
     Case(2, 16, 13, 11, 10, 3, 2, 2, 2, 1, 8, 16, torch.float32, True, 2),
+    # Ci = 4096 (K = 36,864: a long reduction per output)
+    Case(1, 4096, 5, 5, 64, 3, 1, 1, 1, 1, 4, 128, torch.float16, True, 1),
 ]
 
 
