@@ -23,9 +23,10 @@ kept in a bounded cache; a call looks its plan up and launches it):
 ``DEQUANT_CUDNN_MIN_MACS`` multiply-adds, else igemm where it applies, else depthwise for groups = Ci, else
 dequant_cudnn for fp16 / bf16; fp32 convs take small_ci for an ungrouped conv of at most
 ``AUTO_SMALL_CI_MAX`` input channels (an RGB(A) or grey stem), else direct. Measured on an H200
-(scripts/results/nvidia-h200/bench_conv.md, docs/design.md section 5): at batch 1 igemm 0.60-1.05x cuDNN NHWC
-on the ResNet-50 layers, depthwise 0.87-0.99x, the stem 1.08x through dequant_cudnn (small_ci 1.47x); at
-batch 32 dequant_cudnn 1.01-1.16x (igemm took 1.5-3.5x), depthwise 3x3 0.65x.
+(scripts/results/nvidia-h200/bench_conv.md, docs/design.md section 5), against ``F.conv2d(x, w, bias)`` in
+channels_last: at batch 1 igemm 0.62-1.06x on the ResNet-50 layers, depthwise 0.86-0.99x, the stem 1.00x
+through dequant_cudnn (small_ci 1.47x); at batch 32 dequant_cudnn 0.73-1.12x (igemm took 1.5-3.5x; below
+1.0x through its bias epilogue), depthwise 3x3 0.69x.
 
 ``cutlass_ops.conv2d`` validates the operands (types, dtypes, ranks, devices) and calls
 :func:`conv2d_weight_only`, which keeps only the rules of its own arguments (``out``,
