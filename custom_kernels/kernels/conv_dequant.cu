@@ -50,27 +50,6 @@ __device__ __forceinline__ void conv_dequant(const uint8_t* __restrict__ qweight
   }
 }
 
-// 8 consecutive integer weights of one row as floats (exact), from the words at `words` (int4: 1, int8: 2).
-template <int BITS>
-__device__ __forceinline__ void chunk_to_floats(const uint32_t* __restrict__ words, float (&q)[8]) {
-  constexpr int kWords = BITS / 4;
-#pragma unroll
-  for (int i = 0; i < kWords; ++i) {
-    uint32_t h[8 / kWords / 2];  // half2 pairs of the word's elements in K order
-    if constexpr (BITS == 4) {
-      int4s_to_half2x4(words[i], h);  // (e0, e1) .. (e6, e7) of the interleaved word
-    } else {
-      int8s_to_half2x2(words[i], h);  // (e0, e1), (e2, e3)
-    }
-#pragma unroll
-    for (int p = 0; p < 8 / kWords / 2; ++p) {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[p]));
-      q[i * (8 / kWords) + 2 * p] = f.x;
-      q[i * (8 / kWords) + 2 * p + 1] = f.y;
-    }
-  }
-}
-
 template <typename T, int BITS, bool NCHW>
 __device__ __forceinline__ void conv_dequant8(const uint8_t* __restrict__ qweight, const float* __restrict__ scale,
                                               const float* __restrict__ offset, T* __restrict__ W, int Co, int K,
@@ -85,8 +64,16 @@ __device__ __forceinline__ void conv_dequant8(const uint8_t* __restrict__ qweigh
     T* out = W + static_cast<size_t>(co) * K;
     const int g = k0 / block_size;  // block_size % 8 == 0: one block per chunk
     const float s = scale[static_cast<size_t>(co) * G + g], o = offset[static_cast<size_t>(co) * G + g];
-    float q[8];
-    chunk_to_floats<BITS>(words + static_cast<size_t>(t) * (BITS / 4), q);  // rows hold K * BITS / 32 words
+    float q[8];  // rows hold K * BITS / 32 words: chunk t is word t (int4) or words 2t, 2t + 1 (int8)
+    if constexpr (BITS == 4) {
+      word_to_floats<4>(words[t], q);
+    } else {
+      float lo[4], hi[4];
+      word_to_floats<8>(words[2 * static_cast<size_t>(t)], lo);
+      word_to_floats<8>(words[2 * static_cast<size_t>(t) + 1], hi);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) q[j] = lo[j], q[j + 4] = hi[j];
+    }
     if constexpr (!NCHW && sizeof(T) == 2) {
       uint32_t packed[4];
 #pragma unroll

@@ -223,6 +223,31 @@ template <> struct WeightWord<__nv_bfloat16, 8> {
   static __device__ __forceinline__ void to_pairs(uint32_t w, uint32_t (&out)[2]) { int8s_to_bf162x2(w, out); }
 };
 
+// Integer values of one 32-bit weight word as floats, K order (exact: the fp16 converters are exact), for the
+// kernels that scale in fp32 (dequant_weight.cu, conv_dequant.cu).
+template <int kBits>
+__device__ __forceinline__ void word_to_floats(uint32_t w, float (&q)[32 / kBits]) {
+  if constexpr (kBits == 4) {
+    uint32_t h[4];
+    int4s_to_half2x4(w, h);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[p]));
+      q[2 * p] = f.x;
+      q[2 * p + 1] = f.y;
+    }
+  } else {
+    uint32_t h[2];
+    int8s_to_half2x2(w, h);
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[p]));
+      q[2 * p] = f.x;
+      q[2 * p + 1] = f.y;
+    }
+  }
+}
+
 // w = q * scale + offset on a pair, in the pair's own type (one rounding, fma).
 template <typename T> __device__ __forceinline__ uint32_t fma_pair(uint32_t a, uint32_t b, uint32_t c);
 template <> __device__ __forceinline__ uint32_t fma_pair<__half>(uint32_t a, uint32_t b, uint32_t c) {

@@ -45,30 +45,6 @@ __device__ __forceinline__ int64_t group_of(int64_t e, int block_size, int block
   return block_shift >= 0 ? (e >> block_shift) : e / block_size;
 }
 
-// Integer values of one 32-bit weight word as floats, K order (exact: the fp16 converters are exact).
-template <int kBits>
-__device__ __forceinline__ void word_to_floats(uint32_t w, float (&q)[32 / kBits]) {
-  if constexpr (kBits == 4) {
-    uint32_t h[4];
-    int4s_to_half2x4(w, h);
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[p]));
-      q[2 * p] = f.x;
-      q[2 * p + 1] = f.y;
-    }
-  } else {
-    uint32_t h[2];
-    int8s_to_half2x2(w, h);
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[p]));
-      q[2 * p] = f.x;
-      q[2 * p + 1] = f.y;
-    }
-  }
-}
-
 // Two floats rounded (to nearest even) into one 32-bit word of the output type; float takes one word each.
 template <typename T> struct OutWords;
 template <> struct OutWords<__half> {
