@@ -182,10 +182,14 @@ def bench_graph_us(fn, calls: int = GRAPH_CALLS) -> float:
     return _event_median_us(graph.replay, calls)
 
 
+def layer_igemm_problem(layer: Layer, block_size: int) -> str | None:
+    """Why igemm cannot run the layer in fp16 on an sm_80+ GPU (16-byte aligned operands), None if it can."""
+    return igemm_problem(torch.float16, layer.Ci // layer.groups, layer.Co, layer.groups, block_size)
+
+
 def auto_strategy(layer: Layer, block_size: int) -> str:
     """What strategy "auto" runs for this layer on an sm_80+ GPU (16-byte aligned operands)."""
-    problem = igemm_problem(torch.float16, layer.Ci // layer.groups, layer.Co, layer.groups, block_size)
-    return conv_auto_strategy(layer_geometry(layer, block_size), torch.float16, problem)
+    return conv_auto_strategy(layer_geometry(layer, block_size), torch.float16, layer_igemm_problem(layer, block_size))
 
 
 def layer_geometry(layer: Layer, block_size: int) -> ConvGeometry:
@@ -203,7 +207,7 @@ def strategy_for(layer: Layer, block_size: int, prefer=()) -> str:
     """The first strategy of ``prefer`` that can run the layer (fp16), else "auto"."""
     for strategy in prefer:
         if strategy == "igemm":
-            problem = igemm_problem(torch.float16, layer.Ci // layer.groups, layer.Co, layer.groups, block_size)
+            problem = layer_igemm_problem(layer, block_size)
         else:
             problem = strategy_problem(strategy, layer_geometry(layer, block_size), torch.float16)
         if problem is None:

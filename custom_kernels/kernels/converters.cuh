@@ -227,24 +227,18 @@ template <> struct WeightWord<__nv_bfloat16, 8> {
 // kernels that scale in fp32 (dequant_weight.cu, conv_dequant.cu).
 template <int kBits>
 __device__ __forceinline__ void word_to_floats(uint32_t w, float (&q)[32 / kBits]) {
+  constexpr int kPairs = 16 / kBits;  // half2 pairs per word: 4 (int4), 2 (int8)
+  uint32_t h[kPairs];
   if constexpr (kBits == 4) {
-    uint32_t h[4];
     int4s_to_half2x4(w, h);
-#pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[p]));
-      q[2 * p] = f.x;
-      q[2 * p + 1] = f.y;
-    }
   } else {
-    uint32_t h[2];
     int8s_to_half2x2(w, h);
+  }
 #pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[p]));
-      q[2 * p] = f.x;
-      q[2 * p + 1] = f.y;
-    }
+  for (int p = 0; p < kPairs; ++p) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[p]));
+    q[2 * p] = f.x;
+    q[2 * p + 1] = f.y;
   }
 }
 

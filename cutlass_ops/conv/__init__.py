@@ -111,7 +111,7 @@ def auto_strategy(geometry: ConvGeometry, dtype: torch.dtype, igemm_reason: str 
     dequant_cudnn for fp16 / bf16; for fp32 small_ci (groups = 1, Ci <= AUTO_SMALL_CI_MAX, its shared
     memory within ``smem_limit`` bytes per block: the GPU's opt-in maximum; None: the strategy's own
     budget), else direct. Pure."""
-    if dtype in _DEQUANT_CUDNN_DTYPES and macs(geometry) >= DEQUANT_CUDNN_MIN_MACS:
+    if at_batch(dtype, macs(geometry)):
         return "dequant_cudnn"
     if igemm_reason is None:
         return "igemm"
@@ -126,6 +126,11 @@ def auto_strategy(geometry: ConvGeometry, dtype: torch.dtype, igemm_reason: str 
         if small_ci_unsupported(g, dtype, SMEM_BUDGET if smem_limit is None else smem_limit) is None:
             return "small_ci"
     return "direct"
+
+
+def at_batch(dtype: torch.dtype, multiply_adds: int) -> bool:
+    """"auto"'s first rule: a conv of ``dtype`` with this many multiply-adds runs dequant_cudnn."""
+    return dtype in _DEQUANT_CUDNN_DTYPES and multiply_adds >= DEQUANT_CUDNN_MIN_MACS
 
 
 def macs(geometry: ConvGeometry) -> int:
@@ -214,8 +219,8 @@ def conv2d_weight_only(x: torch.Tensor, qw, bias: torch.Tensor | None = None, st
         device = current
     dims = (batch, H, W, groups * Ci, Oh, Ow, Co, Kh, Kw, *stride, *padding, *dilation, qw.block_size, act, groups)
     if strategy == "auto":
-        if x.dtype in _DEQUANT_CUDNN_DTYPES and batch * Oh * Ow * Co * Kh * Kw * Ci >= DEQUANT_CUDNN_MIN_MACS:
-            strategy = "dequant_cudnn"  # auto_strategy's first rule, without building a ConvGeometry per call
+        if at_batch(x.dtype, batch * Oh * Ow * Co * Kh * Kw * Ci):  # auto_strategy's first rule, no ConvGeometry
+            strategy = "dequant_cudnn"
     if strategy == "auto" or strategy == "igemm":
         reason = igemm_unsupported(x, channels_last, qw, Ci, device, groups)
         if reason is not None and strategy == "igemm":

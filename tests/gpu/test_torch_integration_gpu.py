@@ -2,16 +2,13 @@
 round trips of quantized models, gradients, a LoRA adapter trained in front of a W4A16 layer."""
 from __future__ import annotations
 
-import copy
-import pickle
-
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import cutlass_ops
-from _linear_grad import check_linear_grads
+from _module_checks import check_linear_grads, check_round_trips
 from cutlass_ops import reference
 from cutlass_ops.nn import QuantConv2d, QuantLinear
 from cutlass_ops.quantize_model import W8A8BlockConfig, W8A8ChannelConfig, WeightOnlyConfig
@@ -171,17 +168,7 @@ def test_round_trips_gpu(tmp_path, name):
     model = _decoder()
     cutlass_ops.quantize_(model, LINEAR_CONFIGS[name])
     x = torch.randn(2, 5, 256, device="cuda", dtype=torch.float16)
-    with torch.no_grad():
-        expected = model(x)
-        assert torch.equal(copy.deepcopy(model)(x), expected)
-        assert torch.equal(pickle.loads(pickle.dumps(model))(x), expected)
-        path = tmp_path / "m.safetensors"
-        cutlass_ops.save_quantized(model, path)
-        fresh = nn.Sequential(Block(), Block()).cuda().half()
-        cutlass_ops.load_quantized_state(fresh, path)
-        assert torch.equal(fresh(x), expected)
-        moved = copy.deepcopy(model).cpu().cuda()  # buffers replaced: the views are rebuilt
-        assert torch.equal(moved(x), expected)
+    check_round_trips(model, nn.Sequential(Block(), Block()).cuda().half(), x, tmp_path / "m.safetensors")
 
 
 def test_cpu_built_module_moves_to_gpu():
