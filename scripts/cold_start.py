@@ -52,7 +52,8 @@ elif fam.startswith("int8_gemm"):
     B = torch.randint(-128, 128, (4096, 4096), dtype=torch.int8, generator=g).to(dev)
     sr, sc, b = torch.rand(32, generator=g).to(dev), torch.rand(4096, generator=g).to(dev), torch.rand(4096, generator=g).to(dev)
     if fam == "int8_gemm_requant":
-        f = lambda: co.int8_gemm_requant(A, B, sc * 1e-4, b)
+        multiplier = sc * 1e-4  # outside the timed call: torch's own first elementwise kernel loads in ~9 ms
+        f = lambda: co.int8_gemm_requant(A, B, multiplier, b)
     else:
         f = lambda: co.int8_gemm(A, B, "dequant", scale_row=sr, scale_col=sc, bias=b, out_dtype=torch.float16)
 elif fam == "linear_w8a8_fused":
@@ -68,17 +69,27 @@ else:
     x = torch.randn(1, 64, 56, 56, generator=g).half().to(dev)
     f = lambda: co.conv2d(x, qw, padding=1)
 torch.cuda.synchronize()
+profile = sys.argv[2] if len(sys.argv) > 2 else ""
+if profile:  # cProfile of the first call only (its times then include the profiler's own cost)
+    import cProfile, io, pstats
+    prof = cProfile.Profile(); prof.enable()
 t1 = time.perf_counter(); f(); torch.cuda.synchronize(); first = time.perf_counter() - t1
+if profile:
+    prof.disable(); text = io.StringIO()
+    stats = pstats.Stats(prof, stream=text); stats.sort_stats("cumulative").print_stats(60)
+    stats.sort_stats("tottime").print_stats(30)
+    with open(profile, "w") as fh: fh.write(f"{fam}: first call {1e3 * first:.1f} ms (profiled)\n" + text.getvalue())
 t2 = time.perf_counter(); f(); torch.cuda.synchronize(); second = time.perf_counter() - t2
 print(json.dumps({"import_ms": 1e3 * t_import, "first_ms": 1e3 * first, "second_ms": 1e3 * second}))
 '''
 
 
-def run_child(family: str, pycache: str) -> dict:
+def run_child(family: str, pycache: str, profile: Path | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "PYTHONPYCACHEPREFIX": pycache}
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # the bytecode an installed package has, outside the source tree
-    out = subprocess.run([sys.executable, "-c", CHILD, family], env=env, capture_output=True, text=True, timeout=600)
+    argv = [sys.executable, "-c", CHILD, family] + ([str(profile)] if profile else [])
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     if out.returncode:
         raise RuntimeError(f"{family}: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -89,6 +100,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="after the timed rounds, one more fresh process per family with cProfile around its "
+                             "first call, written to DIR/<family>.txt (for finding where the first call goes)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "scripts"))
     from _timing import table, write_report
@@ -100,6 +114,10 @@ def main() -> int:
         for _ in range(args.rounds):  # interleaved: a slow moment of the host hits every family alike
             for family in args.families:
                 results[family].append(run_child(family, pycache))
+        if args.profile:
+            args.profile.mkdir(parents=True, exist_ok=True)
+            for family in args.families:
+                run_child(family, pycache, args.profile / f"{family}.txt")
     rows = []
     for family, runs in results.items():
         med = {k: statistics.median(r[k] for r in runs) for k in ("import_ms", "first_ms", "second_ms")}

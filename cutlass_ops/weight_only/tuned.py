@@ -6,7 +6,7 @@ on the shapes a model actually serves another variant is often faster (a wide N 
 K). ``scripts/tune_weight_only.py`` times the candidates per (N, K, bits, block_size, M) on the GPU and writes
 the winners here; those override the rules for exactly those problems, everything else keeps the rules.
 
-File: ``cutlass_ops/tuning/<gpu name>.json`` (``cutlass.tuning.gpu_file_name`` of
+File: ``cutlass_ops/tuning/<gpu name>.json`` (``tuning_files.gpu_file_name`` of
 ``torch.cuda.get_device_name()``, e.g. ``NVIDIA_H100_80GB_HBM3.json``: the file of the int8 GEMM tiles, whose
 other sections this one leaves alone)::
 
@@ -54,6 +54,7 @@ from typing import Any, Iterator
 import torch
 
 from custom_kernels.launch import switch_on
+from cutlass_ops.tuning_files import TUNING_DIR, gpu_file_name
 
 from .dispatch import strategy_problem
 from .variants import GemmSmallMConfig, GemvMmaConfig
@@ -68,9 +69,8 @@ SECTION = "weight_only"
 ENV_SWITCH = "CUTLASS_OPS_TUNED"
 # strategy -> its kernel variant class: the strategies a tuned entry may name
 CONFIG_TYPES: dict[str, type] = {"gemv_mma": GemvMmaConfig, "gemm_small_m": GemmSmallMConfig}
-# Where the per-GPU files live: cutlass_ops.cutlass.tuning.TUNING_DIR (the same directory; not imported from
-# there so that importing weight_only does not import the CUTLASS family). Tests point it elsewhere.
-TUNING_DIR = Path(__file__).resolve().parents[1] / "tuning"
+# TUNING_DIR (imported above, shared with the int8 GEMM tiles) is where the per-GPU files live; tests point
+# this module's name elsewhere.
 _ENTRY_KEYS = ("N", "K", "bits", "block_size", "M", "strategy", "config")
 _MAX_M = 64  # gemv_mma and gemm_small_m take M <= 64 (8 tiles of 8 rows); a row_tiles=4 gemm_small_m 32
 
@@ -219,9 +219,7 @@ def load_file(path: str | Path) -> TunedTable | None:
 
 
 def tuning_file(gpu_name: str) -> Path:
-    """The tuning file of a GPU (the int8 GEMM tiles' naming: ``cutlass.tuning.gpu_file_name``)."""
-    from cutlass_ops.cutlass.tuning import gpu_file_name  # a light module, but its package imports CUTLASS's
-
+    """The tuning file of a GPU (shared with the int8 GEMM tiles: :mod:`cutlass_ops.tuning_files`)."""
     return TUNING_DIR / gpu_file_name(gpu_name)
 
 
