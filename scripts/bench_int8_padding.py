@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Benchmark (not a test): int8 GEMMs at unaligned N / K (the zero-padded path) against the aligned shape.
+"""Benchmark (not a test): int8 GEMMs at unaligned N / K against the aligned shape.
 
-``cutlass_ops.int8_gemm`` and ``int8_gemm_requant`` take any N and K: where K % 16 != 0 or N is
-not a multiple of 16 bytes of D, the kernel runs on zero-padded operands (cutlass_ops/cutlass/
-padding.py: A copied per call, B and the per-column inputs padded once per tensor and kept, D
-sliced back). Issue 18's target: such a call within 1.3x of the aligned shape's time per output
-element. For each M (``--m``, default 1 64 1024) and case of ``CASES`` (N 1000 vs 1024, 257 vs 256,
-4097 vs 4096 at K = 4096; K 4097 vs 4096; both), each op:
+``cutlass_ops.int8_gemm`` and ``int8_gemm_requant`` take any N and K. An N that is not a multiple of
+16 bytes of D runs on the any-N kernel (Sm80, D stored one element at a time: nothing padded along N;
+cutlass_ops/cutlass/tuning.py ``any_n_spec``), except on Sm75, which pads N as it pads K: K % 16 != 0
+runs on zero-padded operands (cutlass_ops/cutlass/padding.py: A copied per call, B and the per-column
+inputs padded once per tensor and kept, D sliced back where N was padded). Issue 18's target: such a
+call within 1.3x of the aligned shape's time per output element. For each M (``--m``, default 1 64
+1024) and case of ``CASES`` (N 1000 vs 1024, 257 vs 256, 4097 vs 4096 at K = 4096; K 4097 vs 4096;
+both), each op:
 
 - ``dequant f16``: ``int8_gemm(A, B, "dequant", scale_row, scale_col, bias, out_dtype=float16)``
 - ``none s32``: ``int8_gemm(A, B)`` (int32 D, no epilogue)
@@ -25,9 +27,10 @@ would stream them. Times per call, us:
 - graph: a CUDA graph of 20 calls, median of 10 replays. Nothing is memoized while a graph is
   captured, so a padded call's graph copies B every replay (what a CUDA-graphed model pays).
 
-"padded as": the padded problem N_pad x K_pad the kernel runs ("not padded" where the shape is
-already aligned for that D type, e.g. N = 1000 with f16 or int32 D). A markdown table on stdout and
-in scripts/results/<gpu>/bench_int8_padding.md (or --out).
+"kernel": the kernel the unaligned shape runs on, "Sm<cc> align <elements of D per store>" (e.g. "Sm90
+align 8": N = 1000 is aligned already for f16 D; "Sm80 align 1": the any-N kernel), with ", K padded to
+<K16>" when A and B are padded along K, or "Sm75 padded to N_pad x K_pad" (padding.py). A markdown table
+on stdout and in scripts/results/<gpu>/bench_int8_padding.md (or --out).
 
     python scripts/bench_int8_padding.py [--m 1 64 1024] [--ops dequant_f16 none_s32 requant_s8] [--out PATH]
 """
@@ -88,16 +91,19 @@ def copies_for(nbytes: int, l2_bytes: int, max_copies: int = MAX_COPIES) -> int:
     return max(1, min(max_copies, math.ceil(2 * l2_bytes / max(nbytes, 1))))
 
 
-def padded_as(N: int, K: int, kernel_cc: int, element_D: str) -> str:
-    """'N_pad x K_pad' of the problem the kernel runs, or 'not padded'."""
-    from cutlass_ops.cutlass.padding import needs_padding, padded_sizes
-    from cutlass_ops.cutlass.tuning import alignment_D
+def kernel_ran(N: int, K: int, kernel_cc: int, element_D: str) -> str:
+    """Which kernel a plan of generation ``kernel_cc`` runs (N, K) on: 'Sm90 align 8', 'Sm80 align 1'
+    (the any-N kernel), either with ', K padded to K16', or 'Sm75 padded to N_pad x K_pad'."""
+    from cutlass_ops.cutlass.padding import padded_sizes
+    from cutlass_ops.cutlass.tuning import ANY_N_ALIGNMENT_D, ANY_N_KERNEL_CC, alignment_D
 
     align = alignment_D(kernel_cc, element_D)
-    if not needs_padding(N, K, align):
-        return "not padded"
     N_pad, K_pad = padded_sizes(N, K, align)
-    return f"{N_pad}x{K_pad}"
+    if N_pad != N and kernel_cc < ANY_N_KERNEL_CC:
+        return f"Sm{kernel_cc} padded to {N_pad}x{K_pad}"
+    if N_pad != N:
+        kernel_cc, align = ANY_N_KERNEL_CC, ANY_N_ALIGNMENT_D
+    return f"Sm{kernel_cc} align {align}" + (f", K padded to {K_pad}" if K_pad != K else "")
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,7 +238,7 @@ def bench_shape(op: str, M: int, N: int, K: int, l2_bytes: int, cycles_per_us: f
 # report
 # --------------------------------------------------------------------------------------------
 
-HEADER = ["M", "case", "op", "padded as", "device us (aligned / padded)", "device per elem",
+HEADER = ["M", "case", "op", "kernel", "device us (aligned / padded)", "device per elem",
           "wall us (aligned / padded)", "wall per elem", "graph us (aligned / padded)", "graph per elem"]
 COLUMNS = ("device", "wall", "graph")
 
@@ -240,7 +246,7 @@ COLUMNS = ("device", "wall", "graph")
 def table_row(M: int, case: tuple, op: str, aligned: dict, padded: dict, kernel_cc: int) -> tuple[str, dict]:
     """The markdown row of one (M, case, op) and its per-element ratios (nan where a time is missing)."""
     label, (N, K), (N_ref, _) = case
-    cells = [str(M), label, op.replace("_", " "), padded_as(N, K, kernel_cc, OPS[op])]
+    cells = [str(M), label, op.replace("_", " "), kernel_ran(N, K, kernel_cc, OPS[op])]
     ratios = {}
     for column in COLUMNS:
         t_al, t_pad = aligned.get(column, float("nan")), padded.get(column, float("nan"))
@@ -314,7 +320,7 @@ def main(argv=None) -> int:
                 log.info("%s", line)
         torch.cuda.empty_cache()  # bench_shape's operands (and their padded copies) died with it
 
-    text = [f"# int8 GEMM at unaligned N / K (zero-padded) vs the aligned shape ({torch.cuda.get_device_name()})",
+    text = [f"# int8 GEMM at unaligned N / K vs the aligned shape ({torch.cuda.get_device_name()})",
             "",
             f"Kernel generation Sm{kernel_cc} (the API's choice on this GPU). Time per call in us; per elem: "
             f"(padded us / N) / (aligned us / N_aligned),",
@@ -326,7 +332,10 @@ def main(argv=None) -> int:
             "nothing is",
             f"memoized while capturing). A and B rotate over copies of >= 2x the L2 ({l2_bytes / 2 ** 20:.0f} MiB; "
             f"at most {MAX_COPIES}).",
-            "padded as: N_pad x K_pad of the problem the kernel runs, for that op's D type.",
+            "kernel: what the unaligned shape runs on, for that op's D type: Sm<cc> align <D elements per store> "
+            "(Sm80 align 1:",
+            "the any-N kernel, nothing padded along N), ', K padded to K16' where A and B are padded along K; "
+            "Sm75 pads N too.",
             "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER), *lines, "",
             "Within the target:", "", *summary(rows)]
     write_report(text, args.out, "bench_int8_padding")

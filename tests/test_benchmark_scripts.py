@@ -133,17 +133,19 @@ def test_padding_helpers():
 
 
 @pytest.mark.parametrize("N, K, cc, element_D, expected", [
-    (1000, 4096, 90, "f16", "not padded"), (1000, 4096, 90, "s32", "not padded"), (1000, 4096, 90, "s8", "1008x4096"),
-    (257, 4096, 90, "f16", "264x4096"), (257, 4096, 90, "s32", "260x4096"), (257, 4096, 80, "s32", "264x4096"),
-    (1024, 4097, 90, "f16", "1024x4112"), (4096, 4096, 90, "s8", "not padded")])
-def test_padded_as(N, K, cc, element_D, expected):
-    assert bench_pad.padded_as(N, K, cc, element_D) == expected
+    (1000, 4096, 90, "f16", "Sm90 align 8"), (1000, 4096, 90, "s32", "Sm90 align 4"),
+    (1000, 4096, 90, "s8", "Sm80 align 1"), (257, 4096, 90, "f16", "Sm80 align 1"), (257, 4096, 80, "s32", "Sm80 align 1"),
+    (257, 4096, 75, "s32", "Sm75 padded to 264x4096"), (1000, 4097, 75, "f16", "Sm75 align 8, K padded to 4112"),
+    (1024, 4097, 90, "f16", "Sm90 align 8, K padded to 4112"), (1000, 4097, 90, "s8", "Sm80 align 1, K padded to 4112"),
+    (4096, 4096, 90, "s8", "Sm90 align 16")])
+def test_kernel_ran(N, K, cc, element_D, expected):
+    assert bench_pad.kernel_ran(N, K, cc, element_D) == expected
 
 
 def test_every_case_pairs_an_unaligned_shape_with_an_aligned_one():
     for _, (N, K), (N_ref, K_ref) in bench_pad.CASES:
         assert K_ref % 16 == 0 and N_ref % 16 == 0
-        assert bench_pad.padded_as(N, K, 90, "s8") != "not padded"
+        assert bench_pad.kernel_ran(N, K, 90, "s8") != bench_pad.kernel_ran(N_ref, K_ref, 90, "s8") == "Sm90 align 16"
 
 
 def test_padding_arguments():

@@ -28,6 +28,7 @@ from cutlass_ops.cutlass.arguments import ArgumentLayout, argument_layout, inter
 from cutlass_ops.cutlass.emit import CutlassBuildError, emit
 from cutlass_ops.cutlass.kernel import GemmKernel, _load_host_library
 from cutlass_ops.cutlass.spec import GemmKernelSpec
+from cutlass_ops.cutlass.tuning import any_n_spec
 
 REPO = Path(__file__).resolve().parents[1]
 EVT_EPILOGUES = [name for name in epilogues.names() if epilogues.get(name).evt]
@@ -234,15 +235,18 @@ def _build_in_worker(spec_dict: dict) -> tuple[str, bool]:
 
 
 # The kernels the slow tests compile: the smallest plain kernel of each generation (keyed by its
-# kernel cc) and the smallest Sm75 kernel with a fused (EVT) epilogue.
+# kernel cc), the smallest Sm75 kernel with a fused (EVT) epilogue and the plain any-N kernel (Sm80,
+# D stored one element at a time).
 SM75_EVT = "sm75_dequant"
-BUILT = [75, 80, 90, SM75_EVT]
+ANY_N = "sm80_any_n"
+BUILT = [75, 80, 90, SM75_EVT, ANY_N]
 
 
 @pytest.fixture(scope="module")
 def built_kernels():
     """The kernels of BUILT, compiled in one process each, all at once."""
-    specs = {key: _spec(75, "dequant", "f16") if key == SM75_EVT else _spec(key) for key in BUILT}
+    special = {SM75_EVT: _spec(75, "dequant", "f16"), ANY_N: any_n_spec(80, 90, "none", "s32")}
+    specs = {key: special[key] if key in special else _spec(key) for key in BUILT}
     with ProcessPoolExecutor(len(specs)) as pool:
         results = list(pool.map(_build_in_worker, [s.to_dict() for s in specs.values()]))
     return {key: (spec, gemm_build.GemmArtifact.load(Path(directory)))
@@ -342,7 +346,7 @@ def test_second_build_is_all_cache_hits(built_plain_kernels):
         [sys.executable, str(REPO / "scripts" / "build_kernels.py"), "--arch", "90", "--epilogue", "none",
          "--bucket", "small"], env=env, capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
-    assert "0 built, 3 cache hits, 0 failed" in result.stderr
+    assert "0 built, 4 cache hits, 0 failed" in result.stderr  # the 3 generations' and the any-N kernel
 
 
 @pytest.mark.slow

@@ -1,18 +1,26 @@
-"""The padding behind any-N/any-K int8 GEMMs (cutlass_ops/cutlass/padding.py), on the CPU: padded
+"""Any N and K for the int8 GEMMs, on the CPU. The any-N kernels (cutlass_ops/cutlass/tuning.py
+``any_n_spec``): which spec each generation gets, that the build lists them, the int32 C that lets
+CUTLASS 2.x store an int8 / f16 / bf16 D one element at a time, and (slow) that one compiles and its
+host library takes an odd N. The padding left for K and Sm75 (cutlass_ops/cutlass/padding.py): padded
 sizes, zero fill, the memo of weight-side copies (reused, redone after an in-place change, dropped
 with the tensor), and, for every registered epilogue, that the epilogue of the padded problem sliced
 to [M, N] equals the epilogue of the problem itself (float64 references, exact integer accumulators).
-The kernels on padded operands: tests/gpu/test_int8_any_shape_gpu.py."""
+On a GPU: tests/gpu/test_int8_any_n_gpu.py and tests/gpu/test_int8_any_shape_gpu.py."""
 from __future__ import annotations
 
+import ctypes
 import gc
+import shutil
 
 import pytest
 import torch
 
 import epilogues
-from cutlass_ops.cutlass import padding
-from cutlass_ops.cutlass.tuning import ALIGNMENT_K, alignment_D
+from cutlass_ops.cutlass import padding, tuning
+from cutlass_ops.cutlass.tuning import ALIGNMENT_K, alignment_D, any_n_spec, configured_specs
+
+PAIRS = [(n, e) for n in epilogues.names() for e in epilogues.get(n).output_dtypes]
+H100 = "NVIDIA H100 80GB HBM3"
 
 
 def _int8(*shape, seed=0) -> torch.Tensor:
@@ -130,3 +138,100 @@ def test_absent_and_unknown_inputs_pass_through():
     _, _, padded = padding.pad_operands(A, B, inputs, spec.tensor_inputs, 8, 32)
     assert padded["bias"] is None and padded["scales"] == "x" and padded["scale_col"].shape == (8,)
     assert set(padded) == set(inputs)
+
+
+# -- the any-N kernels ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel_cc,device_cc,target", [(90, 90, "90"), (80, 90, "90"), (80, 86, "86"), (80, 80, "80")])
+@pytest.mark.parametrize("name,element", PAIRS)
+def test_any_n_kernel_is_sm80_storing_one_element(name, element, kernel_cc, device_cc, target):
+    """One tile for every M and D type (the tables' "80" -> "any_n"), int8 rows of A and B still 16 at a time."""
+    spec = any_n_spec(kernel_cc, device_cc, name, element)
+    assert (spec.kernel_cc, spec.target_arch, spec.alignment_D) == (80, target, 1)
+    assert (spec.threadblock_shape, spec.stages, spec.warp_count) == ((64, 64, 128), 4, (2, 2, 1))
+    assert (spec.epilogue, spec.element_D, spec.alignment_A, spec.alignment_B) == (name, element, 16, 16)
+    assert any_n_spec(kernel_cc, device_cc, name, element, H100) == spec  # the H100 table keeps default.json's
+
+
+def test_any_n_tile_comes_from_the_gpu_table(tmp_path, monkeypatch):
+    shutil.copytree(tuning.TUNING_DIR, tmp_path / "tuning")
+    monkeypatch.setattr(tuning, "TUNING_DIR", tmp_path / "tuning")
+    tmp_path = tmp_path / "tuning"
+    (tmp_path / "Test_GPU.json").write_text('{"80": {"any_n": {"threadblock_shape": [64, 128, 64], "stages": 6}}}')
+    tuning.table.cache_clear()
+    try:
+        assert any_n_spec(80, 80, "dequant", "f16", "Test GPU").threadblock_shape == (64, 128, 64)
+        assert any_n_spec(80, 80, "dequant", "f16").threadblock_shape == (64, 64, 128)
+        (tmp_path / "Other_GPU.json").write_text('{"80": {"any_n": null}}')
+        with pytest.raises(ValueError, match="'any_n' tile for Sm80"):
+            any_n_spec(90, 90, "none", "s32", "Other GPU")
+    finally:
+        tuning.table.cache_clear()
+
+
+def test_sm75_plans_have_no_any_n_kernel():
+    assert any_n_spec(75, 90, "none", "s32") is None and any_n_spec(75, 75, "requant", "s8") is None
+    assert not [s for s in configured_specs(75) if s.alignment_D == 1]
+
+
+def test_large_bucket_has_its_own_any_n_tile():
+    """The large M bucket takes "any_n_large" (128 x 128 x 64: the 64 x 64 tile ran M = 1024, N = 4097 at
+    2.48x the aligned time per element on an H200); the others "any_n"."""
+    large = any_n_spec(80, 90, "dequant", "f16", H100, "large")
+    assert (large.threadblock_shape, large.stages, large.alignment_D) == ((128, 128, 64), 4, 1)
+    assert any_n_spec(80, 90, "dequant", "f16", H100, "medium") == any_n_spec(80, 90, "dequant", "f16")
+
+
+@pytest.mark.parametrize("target", ["80", "86", "90"])
+def test_configured_specs_end_with_the_any_n_kernels_per_epilogue_and_output(target):
+    every = configured_specs(target)
+    any_n = [s for s in every if s.alignment_D == 1]
+    assert every[-len(any_n):] == any_n  # appended: the tuned kernels keep their order
+    pairs = [(n, e, b) for n, e in PAIRS for b in ("small", "large")]
+    assert [(s.epilogue, s.element_D) for s in any_n] == [(n, e) for n, e, _ in pairs]
+    assert any_n == [any_n_spec(80, int(target), n, e, None, b) for n, e, b in pairs]
+    assert configured_specs(target, buckets=("large",))[-len(any_n):] == any_n  # whatever the buckets
+    assert not [s for s in configured_specs(target, any_n=False) if s.alignment_D == 1]
+    assert len({s.name for s in every}) == len(every)
+
+
+def test_any_n_kernels_take_an_int32_C_where_CUTLASS_needs_one():
+    """CUTLASS 2.x epilogue iterators from int32 take int8 C 4, 8 or 16 and f16 / bf16 C 8 at a time."""
+    for name, element in PAIRS:
+        spec = any_n_spec(80, 90, name, element)
+        expected = "f32" if name == "kblock_accumulate" else "s32" if element in ("s8", "f16", "bf16") else element
+        assert spec.element_C == expected, spec.name
+        aligned = tuning.kernel_spec(80, "90", name, element, "small")
+        assert aligned.element_C == ("f32" if name == "kblock_accumulate" else element)  # unchanged
+
+
+@pytest.mark.slow
+def test_any_n_int8_kernel_compiles_and_takes_an_odd_N():
+    """The requant (int8 D) any-N kernel builds (int32 C), and its host library's Params accept N = 257,
+    which the 16-per-store kernels refuse (built on the CPU: CUTLASS 2.x Params need no driver)."""
+    from cutlass_ops.cutlass.arguments import ArgumentLayout
+    from cutlass_ops.cutlass.build import build
+    from cutlass_ops.cutlass.kernel import _load_host_library
+
+    spec = any_n_spec(80, 90, "requant", "s8")
+    artifact, _ = build(spec)
+    assert artifact.cubin_path.read_bytes()[:4] == b"\x7fELF"
+    lib = _load_host_library(artifact.host_path)
+    make = getattr(lib, f"{artifact.meta['kernel_name']}_cutlass_ops_params")
+    make.argtypes, make.restype = [ctypes.c_void_p] * 4, ctypes.c_int
+    layout = ArgumentLayout(artifact.meta["arguments"])
+    names = dict.fromkeys(name for _, name in layout.pointers)
+    pointers = {name: 0x7F00_0000_0000 + 0x10_0000 * (i + 1) for i, name in enumerate(names)}
+
+    def status(M, N, K):
+        args = layout.fill(M, N, K, pointers)
+        buf = (ctypes.c_char * len(args)).from_buffer(args)
+        out, launch = (ctypes.c_char * artifact.meta["param_size"])(), (ctypes.c_int * 6)()
+        return make(ctypes.addressof(buf), None, ctypes.addressof(out), launch), list(launch)
+
+    for N in (1, 3, 257, 1000, 4097):
+        rc, launch = status(64, N, 256)
+        assert rc == 0, N
+        assert sorted(launch[:2]) == sorted([1, -(-N // spec.threadblock_shape[1])])
+    assert status(64, 257, 270)[0] == 1  # K not a multiple of 16: still refused (A is padded for it)

@@ -1,8 +1,14 @@
-"""Any N and K for the int8 GEMM plans: the same kernel on zero-padded operands.
+"""Any K (and, on Sm75, any N) for the int8 GEMM plans: the same kernel on zero-padded operands.
 
-Every kernel reads int8 rows of A and B 16 elements at a time (K % 16 == 0, :data:`.tuning.ALIGNMENT_K`)
-and stores D 16 bytes at a time (N % alignment_D == 0, in elements of D). A problem that misses either
-runs as the padded problem
+Every kernel reads int8 rows of A and B 16 elements at a time (K % 16 == 0, :data:`.tuning.ALIGNMENT_K`),
+and the tuned kernels store D 16 bytes at a time (N % alignment_D == 0, in elements of D). An N that
+misses its alignment runs on the plan's any-N kernel (:func:`.tuning.any_n_spec`: D stored one element
+at a time, so nothing is padded along N) on every GPU with Sm80 kernels; what is left to this module:
+
+- K % 16 != 0, any N: A copied per call, B padded along K (kept, see below), D written in place;
+- on Sm75 plans (no any-N kernels: Turing, or ``arch=75``) an unaligned N as well.
+
+The padded problem is
 
     A_pad [M, K16] = [A | 0]          K16 = round_up(K, 16)                 per call (when K16 != K)
     B_pad [N_pad, K16] = [[B | 0]; 0] N_pad = round_up(N, alignment_D)      memoized per B tensor
@@ -10,12 +16,13 @@ runs as the padded problem
     matrix inputs [M, N] -> [M, N_pad] (zero columns)                       per call
     per_row inputs and scalars                                              as they are
 
-and D = D_pad[:, :N]. Zero columns along K add 0 to each int32 accumulator, so D is exactly the
-unpadded D; the N_pad - N extra columns of D_pad are computed and dropped. B and the per-column
-inputs are weight-side constants, so their padded copies are kept (:class:`~cutlass_ops.plan_cache.TensorMemo`:
-by tensor identity and in-place version, dropped with the tensor): a repeated call with the same
-weight copies only A. While a CUDA graph is captured nothing is memoized: the copies become part of
-the graph, so a replay reads B's current values as the unpadded path does.
+and D = D_pad[:, :N] (N_pad = N on the any-N kernels: D_pad is D). Zero columns along K add 0 to each
+int32 accumulator, so D is exactly the unpadded D; the N_pad - N extra columns of D_pad are computed and
+dropped. B and the per-column inputs are weight-side constants, so their padded copies are kept
+(:class:`~cutlass_ops.plan_cache.TensorMemo`: by tensor identity and in-place version, dropped with the
+tensor): a repeated call with the same weight copies only A. While a CUDA graph is captured nothing is
+memoized: the copies become part of the graph, so a replay reads B's current values as the unpadded
+path does.
 """
 from __future__ import annotations
 

@@ -8,9 +8,11 @@ bucket), loaded lazily from the build cache (built first if ``scripts/build_kern
 The operands' general rules (int8, 2-D, contiguous, the same K, one CUDA device) are the caller's
 (``cutlass_ops.int8_gemm`` checks them once); a plan checks only its kernel's rules (the epilogue's
 inputs, D, 16-byte aligned pointers) with cheap inline tests, calling the precise checks for their
-messages only when one fails. Any N and K: a problem whose K is not a multiple of 16 or whose N is
-not a multiple of 16 bytes of D runs on zero-padded operands (:mod:`.padding`). A shape seen before
-goes through the C++ per-call path (:mod:`.fast`), which hands back whatever is not the plain case.
+messages only when one fails. Any N and K: an N that is not a multiple of 16 bytes of D runs on the
+plan's any-N kernel (:func:`.tuning.any_n_spec`: D stored one element at a time, nothing padded along N;
+Sm75 plans have none and pad N), a K that is not a multiple of 16 on zero-padded A and B (:mod:`.padding`).
+A shape seen before goes through the C++ per-call path (:mod:`.fast`), which hands back whatever is not
+the plain case.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from .fast import FastPath
 from .kernel import GemmKernel
 from .padding import pad_operands, padded_sizes
 from .spec import GemmKernelSpec
-from .tuning import ALIGNMENT_K, BUCKETS, bucket_limits, kernel_spec, resolve_arch, target_arch_for
+from .tuning import ALIGNMENT_K, BUCKETS, any_n_spec, bucket_limits, kernel_spec, resolve_arch, target_arch_for
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +58,12 @@ class _Slots:
 
 class Int8Gemm:
     """One int8 GEMM kernel (a plan): ``plan(A, B, out=None, **epilogue_inputs)`` launches it on
-    torch's current stream and returns D."""
+    torch's current stream and returns D. ``any_n``: the plan that takes the N this kernel cannot store
+    (N % spec.alignment_D != 0), or None (pad N)."""
 
-    def __init__(self, spec: GemmKernelSpec):
+    def __init__(self, spec: GemmKernelSpec, any_n: "Int8Gemm | None" = None):
         self.spec = spec
+        self.any_n = any_n
         self.epilogue = epilogues.get(spec.epilogue)
         self.out_dtype = epilogues.OUTPUT_DTYPES[spec.element_D]
         self._kernel: GemmKernel | None = None
@@ -99,6 +103,9 @@ class Int8Gemm:
         if not (A.shape[0] and N and K):
             return self._empty(A, B, out, inputs, device)
         if K % ALIGNMENT_K or N % self.spec.alignment_D:
+            any_n = self._any_n_for(A.shape[0], N)
+            if any_n is not None:
+                return any_n.run(A, B, out, inputs, device)  # it pads K only, if at all
             return self._run_padded(A, B, out, inputs, device)
         M, N, K, pointers, nonnull, scalars, out = self._arguments(A, B, out, device, inputs)
         kernel = self._kernel or self.kernel
@@ -137,13 +144,31 @@ class Int8Gemm:
     def run_fast(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, inputs: dict[str, Any],
                  device: int) -> torch.Tensor | None:
         """The C++ per-call path alone, for ``cutlass_ops.int8_gemm``: D, or None when it hands the call
-        back (then :meth:`run`), which includes per-column inputs not yet marked by :meth:`mark_finite`."""
+        back (then :meth:`run`), which includes per-column inputs not yet marked by :meth:`mark_finite`.
+        An N this kernel cannot store goes to the any-N plan's C++ path (tested only once this one refused)."""
         fast = self._fast
-        return fast.run(A, B, device, out, inputs, True) if fast else None
+        D = fast.run(A, B, device, out, inputs, True) if fast else None
+        if D is None:
+            any_n = self._any_n_for(A.shape[0], B.shape[0])
+            if any_n is not None:
+                return any_n.run_fast(A, B, out, inputs, device)
+        return D
+
+    def _any_n_for(self, M: int, N: int) -> "Int8Gemm | None":
+        """The any-N plan for an unaligned N, or None: this plan pads N (Sm75; and M = 1 outside CUDA-graph
+        capture, where D_pad's one row is D already and B's padded copy is kept: the aligned kernel's speed,
+        1.02x per element on an H100 against the any-N kernel's 1.4-1.55x on an H200; while capturing nothing is kept,
+        so a padded call would copy B in every replay)."""
+        if self.any_n is None or not N % self.spec.alignment_D:
+            return None
+        if M == 1 and not torch.cuda.is_current_stream_capturing():
+            return None
+        return self.any_n
 
     def mark_finite(self, tensors: list[torch.Tensor]) -> None:
-        """Per-column inputs checked for NaN / Inf, so that the C++ path takes them from now on."""
-        fast = self._fast
+        """Per-column inputs checked for NaN / Inf, so that the C++ path takes them from now on (the
+        extension keeps one set for every plan: either plan's path marks them)."""
+        fast = self._fast or (self.any_n._fast if self.any_n is not None else None)
         if fast:
             fast.mark_finite(tensors)
 
@@ -290,6 +315,7 @@ def _gpu_name(device: int) -> str:
 
 
 _plans: dict[tuple, Int8Gemm] = {}  # (device, arch, epilogue, element_D, bucket) -> plan
+_any_n_plans: dict[tuple, Int8Gemm] = {}  # (device, any-N spec) -> its plan, shared by the buckets' plans
 
 
 def get_plan(device: int, arch: int | None, epilogue: str, element_D: str | None, M: int) -> Int8Gemm:
@@ -307,7 +333,18 @@ def get_plan(device: int, arch: int | None, epilogue: str, element_D: str | None
         if element not in epi.output_dtypes:
             raise ValueError(f"epilogue {epilogue!r} writes {list(epi.output_dtypes)}, not {element!r}")
         spec = kernel_spec(kernel_cc, target_arch_for(kernel_cc, device_cc), epilogue, element, bucket, gpu_name)
-        plan = _plans[key] = Int8Gemm(spec)
+        plan = _plans[key] = Int8Gemm(spec, _any_n_plan(device, any_n_spec(kernel_cc, device_cc, epilogue, element,
+                                                                             gpu_name, bucket)))
+    return plan
+
+
+def _any_n_plan(device: int, spec: GemmKernelSpec | None) -> Int8Gemm | None:
+    """The plan of an any-N kernel on ``device`` (None: no such kernel); its kernel loads on first use."""
+    if spec is None:
+        return None
+    plan = _any_n_plans.get((device, spec))
+    if plan is None:
+        plan = _any_n_plans[(device, spec)] = Int8Gemm(spec)
     return plan
 
 

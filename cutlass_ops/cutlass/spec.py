@@ -24,6 +24,8 @@ KERNEL_CCS = (75, 80, 90)
 # first load, and the consumers release the next grid after their last mainloop, so a kernel launched
 # with programmatic dependent launch overlaps its start with the end of the one before it.
 SM90_DEVICE_FLAGS = ("-DCUTLASS_ENABLE_GDC_FOR_SM90",)
+# The fewest elements per access CUTLASS 2.x's int32-accumulator epilogue iterators take for C of this type.
+_MIN_ALIGNMENT_AS_C = {"s8": 4, "f16": 8, "bf16": 8}
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,19 @@ class GemmKernelSpec:
 
     @property
     def element_C(self) -> str:
-        """C operand type: the epilogue's matrix C if it has one, else D (2.x) or void (Sm90)."""
+        """C operand type: the epilogue's matrix C if it has one, else D (2.x) or void (Sm90).
+
+        A 2.x kernel storing an int8, f16 or bf16 D fewer elements at a time than CUTLASS's epilogue
+        iterators for that type take (DefaultIteratorsTensorOp from int32: int8 4, 8 or 16; f16 / bf16 8)
+        gets an int32 C instead: C's type picks those iterators, and an EVT epilogue never reads C (it
+        stores D itself, in D's type)."""
         if "C" in epilogues.get(self.epilogue).input_names:
             return "f32"
-        return "void" if self.kernel_cc == 90 else self.element_D
+        if self.kernel_cc == 90:
+            return "void"
+        if self.alignment_D < _MIN_ALIGNMENT_AS_C.get(self.element_D, 1):
+            return "s32"
+        return self.element_D
 
     @property
     def name(self) -> str:

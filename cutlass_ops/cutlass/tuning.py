@@ -6,35 +6,50 @@ A bucket's entry may carry ``float_out``: a complete tile (the same keys as the 
 of the entry's own when D is f16, bf16 or f32, for tiles whose int8 (and int32) outputs do not build
 or are slower. :func:`kernel_spec` turns (generation, target, epilogue, D type, bucket) into the
 :class:`GemmKernelSpec` of the kernel to launch; :func:`configured_specs` lists every one a GPU may use.
+
+N not a multiple of 16 bytes of D (:func:`alignment_D`) runs on an "any-N" kernel (:func:`any_n_spec`):
+a CUTLASS 2.x (Sm80) kernel whose epilogue stores D, and reads the per-column inputs, one element at a
+time, so N needs no padding. One per (epilogue, D type) and GPU with the tile of the tables'
+``"80": {"any_n": ...}`` entry, and one with ``"any_n_large"`` for the large M bucket. At M = 1 outside
+CUDA-graph capture the plan pads N instead (one row of D_pad is already contiguous: no copy). Sm90 has none (its TMA epilogue needs 16-byte row strides), so
+Hopper runs the Sm80 ones; Sm75 pads N (padding.py).
 """
 from __future__ import annotations
 
 import functools
 import json
 import logging
-import re
-from pathlib import Path
 from typing import Any
 
 import epilogues
+
+from cutlass_ops.tuning_files import TUNING_DIR, gpu_file_name
 
 from .spec import KERNEL_CCS, GemmKernelSpec
 
 log = logging.getLogger(__name__)
 
 __all__ = ["TUNING_DIR", "BUCKETS", "FLOAT_OUTPUTS", "ALIGNMENT_K", "table", "bucket_limits", "bucket_for",
-           "gpu_file_name", "alignment_D", "target_arch_for", "resolve_arch", "kernel_spec", "configured_specs"]
+           "gpu_file_name", "alignment_D", "target_arch_for", "resolve_arch", "kernel_spec", "configured_specs",
+           "ANY_N_KERNEL_CC", "ANY_N_ALIGNMENT_D", "ANY_N_TILE", "ANY_N_LARGE_TILE", "any_n_spec"]
 
-TUNING_DIR = Path(__file__).resolve().parents[1] / "tuning"
 # M buckets, smallest first: "small" M <= small_m_max < "medium" M <= medium_m_max < "large".
 BUCKETS = ("small", "medium", "large")
 # Output types a bucket's "float_out" tile applies to.
 FLOAT_OUTPUTS = frozenset({"f16", "bf16", "f32"})
 # A and B rows must be 16-byte aligned: every kernel here loads int8 operands 16 elements at a time
-# (cp.async / TMA), the only alignment the generator offers for int8 TensorOp GEMMs. Other K (and N
-# not a multiple of alignment_D) run on zero-padded operands: padding.py.
+# (cp.async / TMA), the only alignment the generator offers for int8 TensorOp GEMMs. Other K run on
+# zero-padded operands (padding.py); other N on the any-N kernels below (Sm75: padded too).
 ALIGNMENT_K = 16
 _ELEMENT_BYTES = {"s8": 1, "f16": 2, "bf16": 2, "s32": 4, "f32": 4}
+# The any-N kernels: CUTLASS 2.x (mma.sync, cp.async loads of A and B, a plain-store EVT epilogue) storing
+# one element of D per access, with the tile of the tables' "80" -> ANY_N_TILE entry for every M.
+ANY_N_KERNEL_CC = 80
+ANY_N_ALIGNMENT_D = 1
+ANY_N_TILE = "any_n"
+# ... and for the large M bucket, a tile that fills the GPU at large M x N (with the 64 x 64 tile, M = 1024,
+# N = 4097 ran at 2.48x the aligned Sm90 time per element on an H200)
+ANY_N_LARGE_TILE = "any_n_large"
 
 
 def alignment_D(kernel_cc: int, element_D: str) -> int:
@@ -69,11 +84,6 @@ def resolve_arch(arch: int | None, device_cc: int) -> int:
         raise ValueError(f"arch must be None, 75, 80 or 90, got {arch!r}")
     target_arch_for(arch, device_cc)  # raises if the GPU cannot run it
     return arch
-
-
-def gpu_file_name(gpu_name: str) -> str:
-    """The tuning file of a GPU: its name with non-alphanumerics as '_', e.g. NVIDIA_H100_80GB_HBM3.json."""
-    return re.sub(r"[^A-Za-z0-9]+", "_", gpu_name).strip("_") + ".json"
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,19 +139,43 @@ def kernel_spec(kernel_cc: int, target_arch: str, epilogue: str, element_D: str,
     tile = generation[bucket]
     if element_D in FLOAT_OUTPUTS and "float_out" in tile:
         tile = tile["float_out"]
+    return _spec_of_tile(kernel_cc, target_arch, epilogue, element_D, tile, alignment_D(kernel_cc, element_D))
+
+
+def _spec_of_tile(kernel_cc: int, target_arch: str, epilogue: str, element_D: str, tile: dict[str, Any],
+                  align_D: int) -> GemmKernelSpec:
     return GemmKernelSpec(
         kernel_cc=kernel_cc, target_arch=target_arch, epilogue=epilogue, element_D=element_D,
         threadblock_shape=tuple(tile["threadblock_shape"]), stages=tile.get("stages"),
         warp_count=tuple(tile["warp_count"]) if tile.get("warp_count") else None,
         cluster_shape=tuple(tile.get("cluster_shape", (1, 1, 1))),
         kernel_schedule=tile.get("kernel_schedule"), epilogue_schedule=tile.get("epilogue_schedule"),
-        tile_scheduler=tile.get("tile_scheduler"), alignment_D=alignment_D(kernel_cc, element_D))
+        tile_scheduler=tile.get("tile_scheduler"), alignment_D=align_D)
+
+
+def any_n_spec(kernel_cc: int, device_cc: int, epilogue: str, element_D: str,
+               gpu_name: str | None = None, bucket: str = "small") -> GemmKernelSpec | None:
+    """The kernel that runs an N that is not a multiple of ``alignment_D(kernel_cc, element_D)`` without
+    padding N, for plans of generation ``kernel_cc`` and M ``bucket`` on a GPU of ``device_cc``: Sm80 with
+    the tables' ``"80": {"any_n": tile}`` (``"any_n_large"`` for the large bucket), alignment_D = 1 (Sm90
+    plans use it too). None for Sm75 plans: they pad N."""
+    if kernel_cc < ANY_N_KERNEL_CC:
+        return None
+    name = ANY_N_LARGE_TILE if bucket == BUCKETS[-1] else ANY_N_TILE
+    tile = table(gpu_name).get(str(ANY_N_KERNEL_CC), {}).get(name)
+    if tile is None:
+        raise ValueError(f"no {name!r} tile for Sm{ANY_N_KERNEL_CC} in the tuning tables (default.json"
+                         f"{' + ' + gpu_file_name(gpu_name) if gpu_name else ''})")
+    return _spec_of_tile(ANY_N_KERNEL_CC, target_arch_for(ANY_N_KERNEL_CC, device_cc), epilogue, element_D, tile,
+                         ANY_N_ALIGNMENT_D)
 
 
 def configured_specs(target: int | str, epilogue_names: list[str] | None = None,
-                     buckets: tuple[str, ...] = BUCKETS, gpu_name: str | None = None) -> list[GemmKernelSpec]:
+                     buckets: tuple[str, ...] = BUCKETS, gpu_name: str | None = None,
+                     any_n: bool = True) -> list[GemmKernelSpec]:
     """Every kernel ``int8_gemm`` may launch on a GPU of compute capability ``target``, each once
-    (buckets sharing a tile share a kernel)."""
+    (buckets sharing a tile share a kernel); last, with ``any_n``, the any-N kernels (:func:`any_n_spec`:
+    two per epilogue and D type, whatever ``buckets`` says: the any-N tile and the large bucket's)."""
     device_cc = int(str(target).rstrip("a"))
     specs: dict[GemmKernelSpec, None] = {}
     for kernel_cc in (90, 80, 75):
@@ -153,4 +187,9 @@ def configured_specs(target: int | str, epilogue_names: list[str] | None = None,
                 for bucket in buckets:
                     specs.setdefault(kernel_spec(kernel_cc, target_arch_for(kernel_cc, device_cc), name, element_D,
                                                  bucket, gpu_name))
+    if any_n and device_cc >= ANY_N_KERNEL_CC:
+        for name in epilogue_names or epilogues.names():
+            for element_D in epilogues.get(name).output_dtypes:
+                for bucket in (BUCKETS[0], BUCKETS[-1]):
+                    specs.setdefault(any_n_spec(ANY_N_KERNEL_CC, device_cc, name, element_D, gpu_name, bucket))
     return list(specs)

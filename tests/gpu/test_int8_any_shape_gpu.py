@@ -6,7 +6,9 @@ int8 results must equal the exact product / the float64 reference bit for bit (p
 multipliers make every int8 value exact); float results are held to the same bound as
 tests/gpu/test_int8_gemm_gpu.py (whose helpers this file uses). Also: every kernel generation, the
 padded weight copied once and again after an in-place change, CUDA-graph replays reading B's current
-values, errors naming the caller's sizes. No new kernels: the same ones as the aligned tests.
+values, errors naming the caller's sizes. On GPUs with Sm80 kernels an unaligned N runs on the any-N
+kernels (nothing padded along N; tests/gpu/test_int8_any_n_gpu.py), so the tests of N padding itself
+force ``arch=75``.
 """
 from __future__ import annotations
 
@@ -100,7 +102,7 @@ def test_every_epilogue_any_N_K(co, name, element, M, N, K, with_out, gen):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_int32_every_generation(co, arch, gen):
-    """int32 D: 4 elements per 16-byte store on Sm90, 8 on the 2.x kernels (N = 257 pads to 260 / 264)."""
+    """int32 D at N = 257: the any-N kernel for Sm90 / Sm80 plans, padded to 264 on Sm75 (8 per store)."""
     A, B = _int8(33, 1000, generator=gen), _int8(257, 1000, generator=gen)
     D = co.int8_gemm(A, B, arch=arch)
     assert D.shape == (33, 257) and torch.equal(D.long(), _exact(A, B))
@@ -136,34 +138,41 @@ def test_only_K_unaligned_writes_into_out(co, gen):
     assert co.int8_gemm(A, B, out=out) is out and torch.equal(out.long(), _exact(A, B))
 
 
-def test_only_N_unaligned(co, gen):
-    """K aligned: A goes to the kernel as it is; B and D are padded to N = 264 (int8 D: 16 per store)."""
+@pytest.mark.parametrize("arch", ARCHS)
+def test_only_N_unaligned(co, arch, gen):
+    """K aligned: A goes to the kernel as it is; Sm75 pads B and D to N = 272 (int8 D: 16 per store), the
+    other generations pad nothing (the any-N kernel)."""
+    from cutlass_ops.cutlass import padding
+
     M, N, K = 33, 257, 1024
     A, B = _int8(M, K, generator=gen), _int8(N, K, generator=gen)
     inputs = _epilogue_inputs("requant", M, N, gen)
-    D = co.int8_gemm(A, B, "requant", **inputs)
+    D = co.int8_gemm(A, B, "requant", arch=arch, **inputs)
     _check(D, A, B, "requant", "s8", inputs)
+    copies = padding._padded.get(B)
+    assert (set(copies) == {(272, K)}) if arch == 75 else copies is None
 
 
 def test_weight_padded_once_and_again_after_an_in_place_change(co, gen):
+    """Sm75 (the generation that pads N): B and the per-column inputs padded once, again after a change."""
     from cutlass_ops.cutlass import padding
 
     M, N, K = 33, 257, 1000
     A, B = _int8(M, K, generator=gen), _int8(N, K, generator=gen)
     inputs = _epilogue_inputs("dequant", M, N, gen)
-    D = co.int8_gemm(A, B, "dequant", out_dtype=torch.float32, **inputs)
+    D = co.int8_gemm(A, B, "dequant", out_dtype=torch.float32, arch=75, **inputs)
     _check(D, A, B, "dequant", "f32", inputs)
     B_copies, col_copies = padding._padded.get(B), padding._padded.get(inputs["scale_col"])
     assert B_copies and col_copies  # kept per weight-side tensor
     B_pad, col_pad = next(iter(B_copies.values())), next(iter(col_copies.values()))
     A = _int8(M, K, generator=gen)
-    D = co.int8_gemm(A, B, "dequant", out_dtype=torch.float32, **inputs)
+    D = co.int8_gemm(A, B, "dequant", out_dtype=torch.float32, arch=75, **inputs)
     _check(D, A, B, "dequant", "f32", inputs)
     assert next(iter(padding._padded.get(B).values())) is B_pad  # the second call copied only A
     assert next(iter(padding._padded.get(inputs["scale_col"]).values())) is col_pad
     B.copy_(_int8(N, K, generator=gen))  # in place: new values, a new version
     inputs["scale_col"].mul_(2.0)
-    D = co.int8_gemm(A, B, "dequant", out_dtype=torch.float32, **inputs)
+    D = co.int8_gemm(A, B, "dequant", out_dtype=torch.float32, arch=75, **inputs)
     _check(D, A, B, "dequant", "f32", inputs)
     assert next(iter(padding._padded.get(B).values())) is not B_pad
 

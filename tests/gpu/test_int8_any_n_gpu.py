@@ -1,0 +1,177 @@
+"""int8_gemm at an N that is not a multiple of 16 bytes of D: the any-N kernels on a GPU.
+
+On GPUs with Sm80 kernels (compute capability >= 8.0) such an N runs on the plan's any-N kernel
+(cutlass_ops/cutlass/tuning.py ``any_n_spec``: Sm80, D stored one element at a time), with nothing
+padded along N: no padded copy of B or of the per-column inputs, D written in place. Every registered
+epilogue with every output type it writes, N in {1, 3, 257, 1000, 4097}, M in {1, 3, 64, 130} (every M
+bucket), without and with ``out=``; int32 and int8 results equal the exact product / float64 reference
+bit for bit (power-of-two requant multipliers), float results are held to tests/gpu/test_int8_gemm_gpu.py's
+bound. Also K unaligned on the same kernel (A and B padded along K only) and CUDA-graph replays. M = 1
+outside graph capture pads N instead (the plan's rule, cutlass_ops/cutlass/plan.py ``_any_n_for``).
+Padding itself (Sm75, any K): tests/gpu/test_int8_any_shape_gpu.py.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import epilogues
+
+# the aligned tests' helpers (and so their tolerance), loaded once whichever file pytest imports first
+_spec = importlib.util.spec_from_file_location("test_int8_gemm_gpu", Path(__file__).with_name("test_int8_gemm_gpu.py"))
+_base = sys.modules.setdefault("test_int8_gemm_gpu", importlib.util.module_from_spec(_spec))
+if not hasattr(_base, "_check_float"):
+    _spec.loader.exec_module(_base)
+_check_float, _exact, _inputs, _int8 = _base._check_float, _base._exact, _base._inputs, _base._int8
+
+pytestmark = pytest.mark.gpu
+
+PAIRS = [(name, element) for name in epilogues.names() for element in epilogues.get(name).output_dtypes]
+N_VALUES = (1, 3, 257, 1000, 4097)
+M_VALUES = (1, 3, 64, 130)
+K = 256
+SCALARS = {"lo": -100.0, "hi": 90.0}  # requant_clamp's range
+
+
+@pytest.fixture(scope="module")
+def co():
+    import cutlass_ops
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    major, _ = torch.cuda.get_device_capability()
+    if major < 8:
+        pytest.skip("any-N kernels are Sm80: this GPU pads N (test_int8_any_shape_gpu.py)")
+    return cutlass_ops
+
+
+def _epilogue_inputs(name: str, M: int, N: int, gen: torch.Generator) -> dict:
+    """The aligned tests' inputs; power-of-two requant multipliers (exact int8 results) and the scalars."""
+    inputs = _inputs(name, M, N, gen, power_of_two=True)
+    inputs.update({n: SCALARS[n] for n, kind in epilogues.get(name).inputs if kind == "scalar"})
+    return inputs
+
+
+def _check(D: torch.Tensor, A: torch.Tensor, B: torch.Tensor, name: str, element: str, inputs: dict) -> None:
+    spec = epilogues.get(name)
+    accum = _exact(A, B).cpu()
+    assert D.dtype == epilogues.OUTPUT_DTYPES[element] and D.shape == accum.shape and D.is_contiguous()
+    ref = spec.reference(accum, element, **inputs)
+    if element in ("s32", "s8"):
+        assert torch.equal(D.cpu().double(), ref.double())
+        return
+    tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    terms = spec.reference(accum.abs(), element, **{k: v.abs() for k, v in tensors.items()},
+                           **{k: v for k, v in inputs.items() if k not in tensors})
+    _check_float(D, ref, element, terms.abs())
+
+
+def _plan(M: int, name: str, element: str):
+    from cutlass_ops.cutlass import plan_for
+
+    return plan_for(M, torch.cuda.current_device(), name, None, epilogues.OUTPUT_DTYPES[element])
+
+
+def _assert_ran_unpadded(M: int, N: int, name: str, element: str, weight_side: list) -> None:
+    """N unaligned for the bucket's kernel: the any-N kernel is loaded and nothing was padded along N."""
+    from cutlass_ops.cutlass import padding
+
+    plan = _plan(M, name, element)
+    assert plan.any_n is not None and plan.any_n.spec.alignment_D == 1 and plan.any_n.spec.kernel_cc == 80
+    if N % plan.spec.alignment_D:
+        assert plan.any_n._kernel is not None  # the any-N kernel ran
+        assert all(padding._padded.get(t) is None for t in weight_side)  # B, per-column inputs: no copies
+
+
+@pytest.mark.parametrize("M", M_VALUES)
+@pytest.mark.parametrize("N", N_VALUES)
+@pytest.mark.parametrize("name,element", PAIRS, ids=[f"{n}-{e}" for n, e in PAIRS])
+def test_every_epilogue_any_N(co, name, element, N, M):
+    gen = torch.Generator().manual_seed(M * 10007 + N)
+    A, B = _int8(M, K, generator=gen), _int8(N, K, generator=gen)
+    inputs = _epilogue_inputs(name, M, N, gen)
+    dtype = epilogues.OUTPUT_DTYPES[element]
+    D = co.int8_gemm(A, B, name, out_dtype=dtype, **inputs)
+    _check(D, A, B, name, element, inputs)
+    out = torch.full((M, N), float("nan"), dtype=dtype, device="cuda") if dtype.is_floating_point else \
+        torch.full((M, N), -7, dtype=dtype, device="cuda")
+    assert co.int8_gemm(A, B, name, out=out, **inputs) is out
+    _check(out, A, B, name, element, inputs)
+    per_col = [v for n, v in inputs.items() if dict(epilogues.get(name).inputs).get(n) == "per_col"]
+    if M > 1:  # M = 1 outside capture pads N on purpose (test_M1_pads_N_outside_capture)
+        _assert_ran_unpadded(M, N, name, element, [B, *per_col])
+    assert torch.equal(co.int8_gemm(A, B, name, out_dtype=dtype, **inputs), D)  # again: the C++ path's shape
+
+
+@pytest.mark.parametrize("name,element", [("none", "s32"), ("requant", "s8"), ("dequant", "f16")])
+def test_M1_pads_N_outside_capture_and_takes_any_N_while_capturing(co, name, element):
+    """M = 1: one row of D_pad is D already, so eagerly the aligned kernel runs on N-padded B (kept per
+    tensor); while a CUDA graph is captured nothing is kept, so the graph holds the any-N kernel instead of
+    a copy of B per replay. Both give the exact / bounded result."""
+    from cutlass_ops.cutlass import padding
+
+    N = 257
+    gen = torch.Generator().manual_seed(N)
+    A, B = _int8(1, K, generator=gen), _int8(N, K, generator=gen)
+    inputs = _epilogue_inputs(name, 1, N, gen)
+    dtype = epilogues.OUTPUT_DTYPES[element]
+    D = co.int8_gemm(A, B, name, out_dtype=dtype, **inputs)
+    _check(D, A, B, name, element, inputs)
+    assert padding._padded.get(B), "M = 1 eagerly: B padded along N and kept"
+    B2 = B.clone()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        G = co.int8_gemm(A, B2, name, out_dtype=dtype, **inputs)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert padding._padded.get(B2) is None, "captured: the any-N kernel, nothing padded"
+    _check(G, A, B2, name, element, inputs)
+
+
+@pytest.mark.parametrize("M,N,K_odd", [(3, 257, 100), (64, 1001, 4097), (130, 4097, 33)])
+@pytest.mark.parametrize("name,element", [("none", "s32"), ("requant", "s8"), ("dequant", "f16")])
+def test_unaligned_K_pads_only_K(co, name, element, M, N, K_odd):
+    """K % 16 != 0 on the any-N kernel: A copied per call, B padded along K only (its rows stay N)."""
+    from cutlass_ops.cutlass import padding
+
+    gen = torch.Generator().manual_seed(N + K_odd)
+    A, B = _int8(M, K_odd, generator=gen), _int8(N, K_odd, generator=gen)
+    inputs = _epilogue_inputs(name, M, N, gen)
+    D = co.int8_gemm(A, B, name, out_dtype=epilogues.OUTPUT_DTYPES[element], **inputs)
+    _check(D, A, B, name, element, inputs)
+    copies = padding._padded.get(B)
+    assert copies and {key[0] for key in copies} == {N}  # padded to [N, K16], not N_pad
+    for name_in, value in inputs.items():
+        if dict(epilogues.get(name).inputs).get(name_in) == "per_col":
+            assert padding._padded.get(value) is None
+
+
+@pytest.mark.parametrize("N", (257, 1000))
+@pytest.mark.parametrize("name,element", PAIRS, ids=[f"{n}-{e}" for n, e in PAIRS])
+def test_cuda_graph_replays_any_N(co, name, element, N):
+    """Captured at an unaligned N: the graph holds the any-N kernel alone (no copy of B, no D copy), and
+    replays read A's and B's current values."""
+    from cutlass_ops.cutlass import padding
+
+    M = 64
+    gen = torch.Generator().manual_seed(N)
+    A, B = _int8(M, K, generator=gen), _int8(N, K, generator=gen)
+    inputs = _epilogue_inputs(name, M, N, gen)
+    dtype = epilogues.OUTPUT_DTYPES[element]
+    co.int8_gemm(A, B, name, out_dtype=dtype, **inputs)  # warm-up: load the kernel, register the shape
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        D = co.int8_gemm(A, B, name, out_dtype=dtype, **inputs)
+    assert padding._padded.get(B) is None
+    for _ in range(2):
+        A.copy_(_int8(M, K, generator=gen))
+        B.copy_(_int8(N, K, generator=gen))
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(D, A, B, name, element, inputs)
