@@ -209,16 +209,23 @@ def linear_w8a8_channel_impl(x: torch.Tensor, qweight: torch.Tensor, scale: torc
     """act((A_q @ W_q^T) * s_token * s_channel + bias): int8 per-token activations (quantized here:
     :func:`quantize_per_token`), int8 per-channel symmetric weight (qweight [N, K], scale [N, 1] float32); one
     CUTLASS int8 GEMM with the fused dequant epilogue (any N and K: where K % 16 or N % 8, on operands
-    zero-padded as ``cutlass_ops.int8_gemm`` does)."""
+    zero-padded as ``cutlass_ops.int8_gemm`` does).
+
+    The Python path of QuantLinear "w8a8_channel": after a CUDA call it registers what it used with the
+    C++ path (``cutlass_ops.w8a8.channel_fast``), which the module's eager forward tries first."""
     N, K = qweight.shape
     A_q, s_row = quantize_per_token(x.reshape(-1, K))
     bias32 = None if bias is None else plan_cache.float32_copy(bias)
     if A_q.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], N)
     if x.is_cuda:
-        from cutlass_ops.cutlass import int8_gemm_checked
-        out = int8_gemm_checked(A_q, qweight, DEQUANT_EPILOGUES[act], None, x.dtype, None,
-                                {"scale_row": s_row, "scale_col": scale, "bias": bias32}, x.get_device())
+        from cutlass_ops.cutlass import plan_for
+        from cutlass_ops.w8a8.channel_fast import register
+        device, epilogue = x.get_device(), DEQUANT_EPILOGUES[act]
+        plan = plan_for(A_q.shape[0], device, epilogue, None, x.dtype)
+        out = plan.run(A_q, qweight, None, {"scale_row": s_row, "scale_col": scale, "bias": bias32}, device)
+        if x.dtype in _TOKEN_DTYPES:  # x went through the quant_token kernel
+            register(device, x.dtype, K, act, plan)
     else:  # the epilogue's float32 arithmetic on an exact int32 accumulator
         acc = reference.int8_gemm_reference(A_q, qweight).to(torch.float32)
         out = acc * s_row * scale.reshape(1, N) + (0.0 if bias32 is None else bias32)

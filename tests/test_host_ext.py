@@ -40,3 +40,38 @@ def test_finite_marks_are_bounded(ext):
     assert ext.finite_count() == before + 3
     ext.mark_finite([torch.ones(1) for _ in range(5000)])
     assert ext.finite_count() <= 4096
+
+
+def _dequant_plan(ext, dtype=torch.float16) -> int:
+    """A plan laid out as the dequant epilogues' (A, B, D, scale_row, scale_col, optional bias)."""
+    return ext.register_plan(0, 1, -1, 3, False, 0b1011, 8, torch.empty(0, dtype=dtype),
+                             [("scale_row", 0, 4, True), ("scale_col", 1, 5, True), ("bias", 1, 6, False)])
+
+
+def test_channel_path_hands_back_what_it_was_not_told_about(ext):
+    """run_channel (QuantLinear w8a8_channel in one call) returns None, before any launch, without a
+    registered quant_token launch and GEMM plan, for CPU tensors, and with no launch function set."""
+    x = torch.randn(3, 64, dtype=torch.float16)
+    B = torch.zeros(32, 64, dtype=torch.int8)
+    scale = torch.ones(32, 1)
+    for bias in (None, torch.zeros(32)):
+        assert ext.run_channel(x, B, scale, bias, 0, 0) is None
+    before = ext.channel_count()
+    ext.register_quant_token(0, torch.empty(0, dtype=torch.float16), 64, 1, 256, 8, 1, 1056)
+    assert ext.register_channel(0, torch.empty(0, dtype=torch.float16), 0, _dequant_plan(ext))
+    assert ext.channel_count() == before + 2
+    assert ext.run_channel(x, B, scale, None, 0, 0) is None  # CPU x (and no launch function: never launched)
+
+
+def test_channel_path_takes_only_dequant_plans(ext):
+    """register_channel refuses a plan whose inputs are not (scale_row, scale_col, optional bias) or whose
+    output is not x's dtype; register_quant_token refuses launch parameters that cannot be right."""
+    f16 = torch.empty(0, dtype=torch.float16)
+    requant = ext.register_plan(0, 1, -1, 2, False, 0b111, 16, torch.empty(0, dtype=torch.int8),
+                                [("multiplier", 1, 3, True), ("fused_bias", 1, 4, False)])
+    assert not ext.register_channel(0, f16, 0, requant)
+    assert not ext.register_channel(0, torch.empty(0, dtype=torch.bfloat16), 0, _dequant_plan(ext))
+    with pytest.raises(RuntimeError, match="bad launch parameters"):
+        ext.register_quant_token(0, f16, 64, 0, 256, 8, 1, 1056)  # a null CUfunction
+    with pytest.raises(RuntimeError, match="float16, bfloat16 or float32"):
+        ext.register_quant_token(0, torch.empty(0, dtype=torch.int8), 64, 1, 256, 8, 1, 1056)

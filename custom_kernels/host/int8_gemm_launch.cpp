@@ -1,5 +1,7 @@
 // The per-call host path of cutlass_ops.int8_gemm in C++ (a torch extension): check the epilogue
-// tensors and D, allocate D, patch the operand pointers into a prepared Params and launch.
+// tensors and D, allocate D, patch the operand pointers into a prepared Params and launch. And the
+// eager forward of QuantLinear(mode="w8a8_channel") in one call (run_channel): the per-token
+// quantization kernel (quant_token.cu) into fresh A_q and s, then the registered dequant GEMM.
 //
 // Why: the same steps in Python cost 8-10 us per call (about 25 tensor-method calls and the
 // bookkeeping around them); here they cost about one. Python keeps every rule and every error
@@ -14,6 +16,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -125,6 +128,33 @@ bool float_input_ok(const at::Tensor& t, int kind, int64_t M, int64_t N, int dev
   if (t.scalar_type() != at::kFloat || !t.is_contiguous() || t.get_device() != device) return false;
   if (kind == 2) return t.dim() == 2 && t.size(0) == M && t.size(1) == N;
   return t.numel() == (kind == 0 ? M : N);
+}
+
+// The registered state of plan p for this problem, or nullptr (a shape Python has not prepared yet).
+State* find_state(Plan& p, int64_t M, int64_t N, int64_t K, int64_t nonnull, int dev) {
+  auto found = p.states.find(Key{M, N, K, nonnull, dev});
+  return found == p.states.end() ? nullptr : found->second.get();
+}
+
+// The kernelParams of state s for these pointers: its Params patched with them, or (Sm90: the pointers
+// live in TMA descriptors) the Params Python built for this pointer set, through `rebuilt`; nullptr
+// when Python has not built those yet.
+void** kernel_params(State& s, const uint64_t (&ptr)[kMaxPointers], void*& rebuilt) {
+  if (s.patch) {
+    for (const auto& [word, slot] : s.words) s.params[word] = ptr[slot];
+    return s.args;
+  }
+  Pointers key{};
+  std::memcpy(key.p, ptr, sizeof(ptr));
+  auto hit = s.rebuilt.find(key);
+  if (hit == s.rebuilt.end()) return nullptr;
+  rebuilt = hit->second.data();
+  return &rebuilt;
+}
+
+CUresult launch(State& s, void** args, int64_t stream) {
+  s.config.hStream = reinterpret_cast<CUstream>(stream);
+  return g_launch(&s.config, s.function, args, nullptr);
 }
 
 }  // namespace
@@ -278,8 +308,8 @@ py::object run(int64_t plan_id, const at::Tensor& A, const at::Tensor& B, int64_
     nonnull |= int64_t{1} << in.slot;
   }
   if (given != PyDict_Size(inputs.ptr())) return py::none();  // an input this epilogue does not take
-  auto found = p.states.find(Key{M, N, K, nonnull, dev});
-  if (found == p.states.end()) return py::none();
+  State* state = find_state(p, M, N, K, nonnull, dev);
+  if (state == nullptr) return py::none();
   at::Tensor out;
   if (out_obj.is_none()) {
     out = at::empty({M, N}, A.options().dtype(p.out_dtype));
@@ -297,23 +327,187 @@ py::object run(int64_t plan_id, const at::Tensor& A, const at::Tensor& B, int64_
   misaligned |= ptr[p.slot_D];
   if (p.c_is_d) ptr[p.slot_C] = ptr[p.slot_D];  // 2.x LinearCombination reads C only when beta != 0
   if (misaligned & 15) return py::none();
-  State& s = *found->second;
-  void* rebuilt_args[1];
-  void** args = s.args;
-  if (s.patch) {
-    for (const auto& [word, slot] : s.words) s.params[word] = ptr[slot];
-  } else {
-    Pointers key{};
-    std::memcpy(key.p, ptr, sizeof(ptr));
-    auto hit = s.rebuilt.find(key);
-    if (hit == s.rebuilt.end()) return py::none();  // Python builds (and registers) them
-    rebuilt_args[0] = hit->second.data();
-    args = rebuilt_args;
-  }
-  s.config.hStream = reinterpret_cast<CUstream>(stream);
-  const CUresult err = g_launch(&s.config, s.function, args, nullptr);
+  void* rebuilt = nullptr;
+  void** args = kernel_params(*state, ptr, rebuilt);
+  if (args == nullptr) return py::none();  // Python builds (and registers) them
+  const CUresult err = launch(*state, args, stream);
   if (err != CUDA_SUCCESS) return py::int_(static_cast<int>(err));
   return py::cast(out);
+}
+
+// ------------------------------------------------------------------------------------------------
+// QuantLinear(mode="w8a8_channel"): per-token quantization + the dequant GEMM in one call
+// ------------------------------------------------------------------------------------------------
+//
+// The Python path (cutlass_ops.torch_ops.linear_w8a8_channel_impl) quantizes x per token
+// (cutlass_ops/w8a8/quant_token.py: two allocations and one launch) and runs the dequant GEMM with
+// scale_row = s, scale_col = the weight's scale, bias = its float32 copy. After it ran, Python registers
+// the quant_token launch of (device, x dtype, K) and the GEMM plan of (device, x dtype, activation) it
+// used (cutlass_ops/w8a8/channel_fast.py); run_channel then does the same in one call, or returns None
+// for anything not plain, before any launch.
+
+namespace {
+
+struct QuantKey {
+  int device, dtype;
+  int64_t K;
+  bool operator==(const QuantKey& o) const { return device == o.device && dtype == o.dtype && K == o.K; }
+};
+struct QuantKeyHash {
+  size_t operator()(const QuantKey& k) const {
+    return (static_cast<uint64_t>(k.K) * 0x9E3779B97F4A7C15ull) ^ (static_cast<uint64_t>(k.dtype) << 8) ^
+           static_cast<uint64_t>(k.device);
+  }
+};
+
+// quant_token_<dtype> on one device for rows of K elements (quant_token.py: _plan).
+struct QuantLaunch {
+  CUfunction function;
+  unsigned threads;
+  int64_t rows_per_block;  // rows one block takes at a time (8 warps / warps_per_row)
+  int32_t warps_per_row;
+  int64_t grid_cap;        // blocks past which the grid strides over row groups
+};
+constexpr size_t kQuantKept = 256;  // as quant_token.MAX_PLANS; past that the table starts over
+
+// A dequant GEMM plan the channel path may use, with the pointer slots of its three inputs.
+struct ChannelGemm {
+  int plan_id, slot_scale_row, slot_scale_col, slot_bias;
+};
+using ChannelKey = QuantKey;  // (device, x dtype, activation code)
+
+std::unordered_map<QuantKey, QuantLaunch, QuantKeyHash>& g_quant =
+    *new std::unordered_map<QuantKey, QuantLaunch, QuantKeyHash>();
+// A plan per M bucket of the GEMM family (3) and the any-N plan: a shape's state lives in one of them.
+std::unordered_map<ChannelKey, std::vector<ChannelGemm>, QuantKeyHash>& g_channel =
+    *new std::unordered_map<ChannelKey, std::vector<ChannelGemm>, QuantKeyHash>();
+
+bool is_token_dtype(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat; }
+
+bool no_grad_wanted(const at::Tensor& t) { return !(t.requires_grad() && at::GradMode::is_enabled()); }
+
+}  // namespace
+
+void register_quant_token(int64_t device, const at::Tensor& x_example, int64_t K, int64_t function,
+                          int64_t threads, int64_t rows_per_block, int64_t warps_per_row, int64_t grid_cap) {
+  TORCH_CHECK(is_token_dtype(x_example.scalar_type()), "register_quant_token: x must be float16, bfloat16 or float32");
+  TORCH_CHECK(function != 0 && threads > 0 && threads <= 1024 && rows_per_block > 0 && warps_per_row > 0 &&
+                  grid_cap > 0, "register_quant_token: bad launch parameters");
+  if (g_quant.size() >= kQuantKept) g_quant.clear();
+  g_quant[QuantKey{static_cast<int>(device), static_cast<int>(x_example.scalar_type()), K}] =
+      QuantLaunch{reinterpret_cast<CUfunction>(function), static_cast<unsigned>(threads), rows_per_block,
+                  static_cast<int32_t>(warps_per_row), grid_cap};
+}
+
+// Let run_channel use GEMM plan `plan_id` (a "dequant*" epilogue writing x's dtype) for x of this dtype
+// and activation on `device`. False, registering nothing, when the plan's inputs are not exactly
+// scale_row (per row, required), scale_col (per column, required), bias (per column, optional).
+bool register_channel(int64_t device, const at::Tensor& x_example, int64_t act, int64_t plan_id) {
+  TORCH_CHECK(plan_id >= 0 && plan_id < static_cast<int64_t>(g_plans.size()), "unknown plan");
+  const Plan& p = *g_plans[plan_id];
+  if (p.out_dtype != x_example.scalar_type() || !is_token_dtype(p.out_dtype) || p.inputs.size() != 3) return false;
+  ChannelGemm g{static_cast<int>(plan_id), -1, -1, -1};
+  for (const Input& in : p.inputs) {
+    const std::string name = in.name.cast<std::string>();
+    if (name == "scale_row" && in.kind == 0 && in.required) g.slot_scale_row = in.slot;
+    else if (name == "scale_col" && in.kind == 1 && in.required) g.slot_scale_col = in.slot;
+    else if (name == "bias" && in.kind == 1 && !in.required) g.slot_bias = in.slot;
+  }
+  if (g.slot_scale_row < 0 || g.slot_scale_col < 0 || g.slot_bias < 0) return false;
+  auto& gemms = g_channel[ChannelKey{static_cast<int>(device), static_cast<int>(p.out_dtype), act}];
+  for (const ChannelGemm& known : gemms)
+    if (known.plan_id == g.plan_id) return true;
+  if (gemms.size() >= 8) gemms.clear();  // more plans than M buckets: a stale set, start over
+  gemms.push_back(g);
+  return true;
+}
+
+// act((quantize_per_token(x) @ B^T) * s * scale + bias) as [..., N] in x's dtype, or None for the Python
+// path (which raises the precise error, or prepares what is missing and registers it); nothing is
+// launched before every check passed. x [..., K] float16 / bfloat16 / float32, contiguous; B [N, K] int8;
+// scale [N] (or [N, 1]) float32; bias None or float32 [N] (the caller's float32 copy). On a failed launch,
+// (0 for quant_token or 1 for the GEMM, the CUresult).
+py::object run_channel(const at::Tensor& x, const at::Tensor& B, const at::Tensor& scale, py::handle bias_obj,
+                       int64_t act, int64_t stream) {
+  const int dev = static_cast<int>(x.get_device());  // -1 on the CPU
+  if (g_launch == nullptr || dev < 0 || x.dim() < 1 || !is_token_dtype(x.scalar_type()) || !x.is_contiguous() ||
+      !no_grad_wanted(x))
+    return py::none();
+  const int64_t K = x.size(-1), N = B.size(0);
+  if (K == 0 || K > INT32_MAX || B.scalar_type() != at::kChar || B.dim() != 2 || B.size(1) != K || N == 0 ||
+      !B.is_contiguous() || B.get_device() != dev)
+    return py::none();
+  const int64_t M = x.numel() / K;
+  if (M == 0 || M > INT32_MAX || !float_input_ok(scale, 1, M, N, dev) || !no_grad_wanted(scale)) return py::none();
+  at::Tensor bias;
+  if (!bias_obj.is_none()) {
+    if (!THPVariable_Check(bias_obj.ptr())) return py::none();
+    bias = THPVariable_Unpack(bias_obj.ptr());
+    if (!float_input_ok(bias, 1, M, N, dev) || !no_grad_wanted(bias)) return py::none();
+  }
+  const int dtype = static_cast<int>(x.scalar_type());
+  auto quant = g_quant.find(QuantKey{dev, dtype, K});
+  auto gemms = g_channel.find(ChannelKey{dev, dtype, act});
+  if (quant == g_quant.end() || gemms == g_channel.end()) return py::none();
+  // The Python path's allocations, in its order (A_q, s, D): a pointer set it registered comes back.
+  at::Tensor A_q = at::empty({M, K}, x.options().dtype(at::kChar));
+  at::Tensor s = at::empty({M, 1}, x.options().dtype(at::kFloat));
+  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
+  out_sizes.back() = N;
+  at::Tensor out = at::empty(out_sizes, x.options());
+  if (K % 16) return py::none();  // the GEMM on zero-padded operands: Python's
+  uint64_t ptr[kMaxPointers] = {0};
+  State* state = nullptr;
+  // The plan of M's bucket holds the state of this M (or, for an N it cannot store, the any-N plan)
+  for (const ChannelGemm& g : gemms->second) {
+    Plan& p = *g_plans[g.plan_id];
+    if (N % p.align_D) continue;
+    std::memset(ptr, 0, sizeof(ptr));
+    ptr[p.slot_A] = reinterpret_cast<uint64_t>(A_q.data_ptr());
+    ptr[p.slot_B] = reinterpret_cast<uint64_t>(B.data_ptr());
+    ptr[p.slot_D] = reinterpret_cast<uint64_t>(out.data_ptr());
+    if (p.c_is_d) ptr[p.slot_C] = ptr[p.slot_D];
+    ptr[g.slot_scale_row] = reinterpret_cast<uint64_t>(s.data_ptr());
+    ptr[g.slot_scale_col] = reinterpret_cast<uint64_t>(scale.data_ptr());
+    int64_t nonnull = p.always | (int64_t{1} << g.slot_scale_row) | (int64_t{1} << g.slot_scale_col);
+    if (bias.defined()) {
+      ptr[g.slot_bias] = reinterpret_cast<uint64_t>(bias.data_ptr());
+      nonnull |= int64_t{1} << g.slot_bias;
+    }
+    uint64_t misaligned = 0;
+    for (uint64_t q : ptr) misaligned |= q;
+    if (misaligned & 15) return py::none();  // Python raises (a bias or scale with a storage offset)
+    state = find_state(p, M, N, K, nonnull, dev);
+    if (state != nullptr) break;
+  }
+  if (state == nullptr) return py::none();
+  void* rebuilt = nullptr;
+  void** gemm_args = kernel_params(*state, ptr, rebuilt);
+  if (gemm_args == nullptr) return py::none();  // a new Sm90 pointer set: Python builds its Params
+
+  const QuantLaunch& q = quant->second;
+  uint64_t x_ptr = reinterpret_cast<uint64_t>(x.data_ptr()), aq_ptr = reinterpret_cast<uint64_t>(A_q.data_ptr()),
+           s_ptr = reinterpret_cast<uint64_t>(s.data_ptr());
+  int64_t lda = K;
+  int32_t M32 = static_cast<int32_t>(M), K32 = static_cast<int32_t>(K), w = q.warps_per_row;
+  void* quant_args[] = {&x_ptr, &lda, &aq_ptr, &s_ptr, &M32, &K32, &w};  // QuantTokenArgs' order
+  CUlaunchConfig config{};
+  config.gridDimX = static_cast<unsigned>(std::min((M + q.rows_per_block - 1) / q.rows_per_block, q.grid_cap));
+  config.gridDimY = config.gridDimZ = 1;
+  config.blockDimX = q.threads;
+  config.blockDimY = config.blockDimZ = 1;
+  config.hStream = reinterpret_cast<CUstream>(stream);
+  CUresult err = g_launch(&config, q.function, quant_args, nullptr);
+  if (err != CUDA_SUCCESS) return py::make_tuple(0, static_cast<int>(err));
+  err = launch(*state, gemm_args, stream);
+  if (err != CUDA_SUCCESS) return py::make_tuple(1, static_cast<int>(err));
+  return py::cast(out);
+}
+
+int64_t channel_count() {
+  size_t n = g_quant.size();
+  for (const auto& entry : g_channel) n += entry.second.size();
+  return static_cast<int64_t>(n);
 }
 
 int64_t state_count(int64_t plan_id) { return static_cast<int64_t>(g_plans.at(plan_id)->states.size()); }
@@ -327,4 +521,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mark_finite", &mark_finite);
   m.def("finite_count", &finite_count);
   m.def("state_count", &state_count);
+  m.def("register_quant_token", &register_quant_token);
+  m.def("register_channel", &register_channel);
+  m.def("run_channel", &run_channel);
+  m.def("channel_count", &channel_count);
 }

@@ -90,6 +90,11 @@ class FastPath:
             self._ext.mark_finite(tensors)
 
     @property
+    def plan_id(self) -> int:
+        """The plan's index in the extension (the per-channel linear's C++ path names its GEMM by it)."""
+        return self._id
+
+    @property
     def shapes(self) -> int:
         """Problem shapes the C++ path takes."""
         return self._ext.state_count(self._id)

@@ -51,6 +51,15 @@ __all__ = ["QuantLinear", "QuantConv2d", "LINEAR_MODES"]
 
 LINEAR_MODES = ("weight_only", "w8a8_block", "w8a8_channel", "w8a8_block_scaled")
 _ACT_NAMES = {v: k for k, v in ACTIVATIONS.items()}
+_is_compiling = torch.compiler.is_compiling  # the function itself: Dynamo knows it; no attribute lookups per call
+_channel_run = None  # cutlass_ops.w8a8.channel_fast.run, bound on the first CUDA forward (import stays light)
+
+
+def _bind_channel_run():
+    global _channel_run
+    from cutlass_ops.w8a8.channel_fast import run
+    _channel_run = run
+    return run
 
 
 def _weight_buffers(N: int, K: int, bits: int, block_size: int, device,
@@ -266,6 +275,14 @@ class QuantLinear(_QuantModule):
         return q
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "w8a8_channel" and x.is_cuda and not _is_compiling():
+            # eager: one C++ call (quantize per token + the dequant GEMM) once the Python path below has
+            # run this layer's shape; None for anything else (then that path raises or registers)
+            b = self._buffers
+            if b["perm"] is None:
+                out = (_channel_run or _bind_channel_run())(x, b["qweight"], b["scale"], b["bias"], self.act)
+                if out is not None:
+                    return out
         perm = self.perm
         if x.is_cuda and not torch.compiler.is_compiling() and self.mode == "weight_only":
             # act-order included: the small-M kernel reads x through perm (no gather kernel)

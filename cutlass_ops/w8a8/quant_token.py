@@ -5,7 +5,8 @@ s = amax |x| / 127 per row (1 for a zero row), A_q = clamp(round(x / s), -127, 1
 ``quantize_per_token_reference``'s torch ops give on the CPU (the .cu header says why, and where torch's
 own CUDA run of them differs). It replaces those ~10 torch ops: ~50 us of host time per eager call and
 ~10 small kernels per linear in a CUDA graph. Per call this module only allocates the two outputs and
-writes the argument block of a launch kept per (device, dtype, K) and grid.
+writes the argument block of a launch kept per (device, dtype, K) and grid; the C++ per-call path of
+QuantLinear "w8a8_channel" (:mod:`.channel_fast`) makes the same launch (:func:`launch_parameters`).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from custom_kernels.launch import I32, I64, KernelArgs, Ptr
 from .launches import TAGS, GridLaunches, device_index, grid_launches
 
 __all__ = ["SOURCE", "THREADS", "QuantTokenArgs", "quant_token_kernel", "quant_token_kernels", "warps_per_row",
-           "quantize_per_token_gpu"]
+           "quantize_per_token_gpu", "launch_parameters"]
 
 SOURCE = "quant_token.cu"
 THREADS = 256          # the kernel's kThreads: 8 warps per block
@@ -67,6 +68,14 @@ def _plan(device: int, dtype: torch.dtype, K: int) -> tuple[GridLaunches, int, i
         _plans.clear()
     _plans[(device, dtype, K)] = plan
     return plan
+
+
+def launch_parameters(device: int, dtype: torch.dtype, K: int) -> tuple[int, int, int, int, int]:
+    """(CUfunction address, threads, rows per block, warps per row, grid cap) of the launch that
+    :func:`quantize_per_token_gpu` makes for rows of K ``dtype`` elements on ``device`` (loaded first if
+    needed): what the C++ per-call path of the per-channel linear (:mod:`.channel_fast`) launches with."""
+    launches, rows_per_block, w, cap = _plans.get((device, dtype, K)) or _plan(device, dtype, K)
+    return int(launches.kernel.function(device)), THREADS, rows_per_block, w, cap
 
 
 def _refuse(x2d) -> None:
