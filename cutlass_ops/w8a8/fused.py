@@ -21,7 +21,7 @@ from custom_kernels.device import capability, on_device, target_arch
 from custom_kernels.launch import I32, KernelArgs, Ptr, TensorMap, load_kernel
 
 from .launches import GridLaunches, device_index, grid_launches
-from .quant_a import BVEC_KERNEL, SOURCE as QUANT_A_SOURCE, precompute_bvec_gpu, quantize_activation_gpu, quantize_activation_planes_gpu
+from .quant_a import BVEC_KERNEL, SOURCE as QUANT_A_SOURCE, plane_addresses, precompute_bvec_gpu, quantize_rows_into
 from .tiles import BLOCK_SIZES, ROW_PLANES_KERNEL, TILE_CONFIGS, TileConfig, choose_config
 from .tma import tensor_map_2d
 
@@ -181,17 +181,44 @@ class FusedPlan:
 
     def __call__(self, A_q: torch.Tensor, sA: torch.Tensor, oA: torch.Tensor, sumA: torch.Tensor,
                  bias: torch.Tensor | None, D: torch.Tensor, act: int) -> None:
-        cfg, M = self.cfg, A_q.shape[0]
-        fields = dict(A=A_q.data_ptr(), sA=sA.data_ptr(), oA=oA.data_ptr(), sumA=sumA.data_ptr(),
-                      bias=0 if bias is None else bias.data_ptr(), D=D.data_ptr(), M=M, act=act,
-                      out_kind=OUT_KIND[D.dtype])
+        self.launch(A_q.shape[0], A_q.data_ptr(), sA.data_ptr(), oA.data_ptr(), sumA.data_ptr(),
+                    0 if bias is None else bias.data_ptr(), D, act)
+
+    def launch(self, M: int, A: int, sA: int, oA: int, sumA: int, bias: int, D: torch.Tensor, act: int) -> None:
+        """The fused launch on device addresses (A 16-byte aligned; bias 0 for none) into D [M, N]."""
+        cfg = self.cfg
+        fields = dict(A=A, sA=sA, oA=oA, sumA=sumA, bias=bias, D=D.data_ptr(), M=M, act=act, out_kind=OUT_KIND[D.dtype])
         if cfg.tma:
-            fields["map_a"] = tensor_map_2d(fields["A"], M, self.K, cfg.BM, cfg.BK, self.device)
+            fields["map_a"] = tensor_map_2d(A, M, self.K, cfg.BM, cfg.BK, self.device)
         self.gemm(-(-M // cfg.BM) * -(-self.N // cfg.BN), **fields)
 
 
 def _plan(qw, config: str, device: int) -> FusedPlan:
     return plan_cache.plan(qw, ("w8a8.fused", config, device), lambda: FusedPlan(qw, TILE_CONFIGS[config], device))
+
+
+_ALIGN = 128  # workspace sections start 128 bytes apart: TMA and vector loads need 16, cache lines like 128
+
+
+def _quantize_into_workspace(x2d: torch.Tensor, block_size: int, planes: bool) -> tuple[torch.Tensor, int, int]:
+    """QuantA of x2d into ONE fresh workspace (one allocation where quantize_activation_gpu makes four):
+    (workspace, address of A_q [M, K], address of the row parameters: [G, 3, M rounded to 4] planes with
+    ``planes``, else scale, offset, sum_q [M, G] one after the other, each 128-byte aligned)."""
+    M, K = x2d.shape
+    G = K // block_size
+    a_bytes = -(-M * K // _ALIGN) * _ALIGN
+    if planes:
+        Mp = -(-M // 4) * 4
+        workspace = torch.empty(a_bytes + 12 * G * Mp, dtype=torch.uint8, device=x2d.device)
+        A = workspace.data_ptr()
+        params, ld_param, g_stride = plane_addresses(A + a_bytes, Mp)
+    else:
+        p_bytes = -(-4 * M * G // _ALIGN) * _ALIGN
+        workspace = torch.empty(a_bytes + 3 * p_bytes, dtype=torch.uint8, device=x2d.device)
+        A = workspace.data_ptr()
+        params, ld_param, g_stride = (A + a_bytes, A + a_bytes + p_bytes, A + a_bytes + 2 * p_bytes), G, 1
+    quantize_rows_into(x2d, block_size, A, params, ld_param, g_stride)
+    return workspace, A, params
 
 
 def _run(x2d: torch.Tensor | None, quantized_A, qw, bias: torch.Tensor | None, act: int, out: torch.Tensor,
@@ -200,23 +227,22 @@ def _run(x2d: torch.Tensor | None, quantized_A, qw, bias: torch.Tensor | None, a
     config = config or choose_config(M, qw.N, capability(device))
     plan = _plan(qw, config, device)
     bs = qw.block_size
-    rows = None  # planar variants: the row parameters as planes [G, 3, M rounded up to 4]
-    if quantized_A is None:
-        if plan.cfg.planes:  # QuantA writes the planes itself: no transpose launch
-            A_q, rows = quantize_activation_planes_gpu(x2d, bs)
-        else:  # fresh contiguous tensors of the right types and shapes: nothing to check again
-            A_q, sA, oA, sumA = quantize_activation_gpu(x2d, bs)
-    else:
-        A_q, sA, oA, sumA = quantized_A
     if bias is not None:
-        bias = plan_cache.float32_copy(bias)
+        bias = plan_cache.float32_copy(bias)  # kept alive (here) until the launch is queued
+    if quantized_A is None:  # the per-call path of linear_w8a8: one workspace, QuantA, the fused kernel
+        # the workspace is freed once both launches are queued: the caching allocator reuses it in stream order
+        workspace, A, params = _quantize_into_workspace(x2d, bs, plan.cfg.planes)
+        if plan.cfg.planes:  # QuantA wrote the row parameters as planes: the kernel reads them as sA = oA = sumA
+            params = (params[0],) * 3
+        with on_device(device):
+            plan.launch(M, A, *params, 0 if bias is None else bias.data_ptr(), out, act)
+        return
+    A_q, sA, oA, sumA = quantized_A
     with on_device(device):
-        if rows is None and plan.cfg.planes:
+        if plan.cfg.planes:
             # row parameters as planes [G, 3, M rounded up to 4], copied per K block into shared memory
             # next to the column planes; one small kernel (w8a8_row_planes) transposes them
-            rows = plan.row_planes(sA, oA, sumA, M)
-        if rows is not None:
-            sA = oA = sumA = rows
+            sA = oA = sumA = plan.row_planes(sA, oA, sumA, M)
         plan(A_q, sA, oA, sumA, bias, out, act)
 
 

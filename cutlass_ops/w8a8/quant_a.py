@@ -19,7 +19,7 @@ from .launches import TAGS, device_index, grid_launches, param_column, rows
 
 __all__ = [
     "QuantAArgs", "QuantAWarpArgs", "SumBqArgs", "quantize_activation_gpu", "quantize_activation_planes_gpu",
-    "quantize_activation_block_gpu", "sum_bq_gpu",
+    "quantize_activation_block_gpu", "sum_bq_gpu", "quantize_rows_into", "plane_addresses",
 ]
 
 SOURCE = "quant_a.cu"
@@ -68,28 +68,42 @@ def _quantize_rows(x2d: torch.Tensor, block_size: int | None, planes: bool) -> t
     if planes:
         Mp = -(-M // 4) * 4
         out = (torch.empty((G, 3, Mp), dtype=torch.float32, device=dev),)
-        base = out[0].data_ptr()
-        # plane p of block g at (3 g + p) Mp: row stride 1, block stride 3 Mp; sum_q as its int32 bits
-        params, ld_param, g_stride = (base, base + 4 * Mp, base + 8 * Mp), 1, 3 * Mp
+        params, ld_param, g_stride = plane_addresses(out[0].data_ptr(), Mp)
     else:
         out = (torch.empty((M, G), dtype=torch.float32, device=dev), torch.empty((M, G), dtype=torch.float32, device=dev),
                torch.empty((M, G), dtype=torch.int32, device=dev))
         params, ld_param, g_stride = tuple(t.data_ptr() for t in out), G, 1
-    if M * G:
-        fields = dict(x=x2d.data_ptr(), lda=x2d.stride(0), A_q=A_q.data_ptr(), ldq=K, scale=params[0],
-                      offset=params[1], sum_q=params[2], ld_param=ld_param, g_stride=g_stride, G=G,
-                      block_size=block_size)
-        device = device_index(x2d)
-        with on_device(device):
-            if block_size <= WARP_ITEM_MAX:  # one warp per (row, block), 8 per thread block
-                launches = grid_launches(SOURCE, f"quant_a_warp_{TAGS[x2d.dtype]}", QuantAWarpArgs,
-                                         32 * WARPS_PER_BLOCK, device)
-                launches(-(-M * G // WARPS_PER_BLOCK), M=M, **fields)
-            else:
-                launches = grid_launches(SOURCE, f"quant_a_{TAGS[x2d.dtype]}", QuantAArgs,
-                                         _quant_a_threads(block_size), device)
-                launches(M * G, **fields)
+    quantize_rows_into(x2d, block_size, A_q.data_ptr(), params, ld_param, g_stride)
     return (A_q, *out)
+
+
+def plane_addresses(base: int, Mp: int) -> tuple[tuple[int, int, int], int, int]:
+    """((scale, offset, sum_q) addresses, row stride, block stride) of row parameters written as planes
+    [G, 3, Mp] at ``base``: plane p of block g at (3 g + p) Mp (sum_q as its int32 bits)."""
+    return (base, base + 4 * Mp, base + 8 * Mp), 1, 3 * Mp
+
+
+def quantize_rows_into(x2d: torch.Tensor, block_size: int, A_q: int, params: tuple[int, int, int], ld_param: int,
+                       g_stride: int) -> None:
+    """QuantA of x2d [M, K] (CUDA, a float dtype, rows with a contiguous last dimension, block_size dividing
+    K: the caller's checks) into device addresses: A_q int8 [M, K] (row stride K), (scale, offset, sum_q) of
+    (row m, block g) at m * ld_param + g * g_stride elements from ``params``. One launch."""
+    M, K = x2d.shape
+    G = K // block_size
+    if not M * G:
+        return
+    fields = dict(x=x2d.data_ptr(), lda=x2d.stride(0), A_q=A_q, ldq=K, scale=params[0], offset=params[1],
+                  sum_q=params[2], ld_param=ld_param, g_stride=g_stride, G=G, block_size=block_size)
+    device = device_index(x2d)
+    with on_device(device):
+        if block_size <= WARP_ITEM_MAX:  # one warp per (row, block), 8 per thread block
+            launches = grid_launches(SOURCE, f"quant_a_warp_{TAGS[x2d.dtype]}", QuantAWarpArgs,
+                                     32 * WARPS_PER_BLOCK, device)
+            launches(-(-M * G // WARPS_PER_BLOCK), M=M, **fields)
+        else:
+            launches = grid_launches(SOURCE, f"quant_a_{TAGS[x2d.dtype]}", QuantAArgs,
+                                     _quant_a_threads(block_size), device)
+            launches(M * G, **fields)
 
 
 def quantize_activation_gpu(x2d: torch.Tensor, block_size: int | None = None):
