@@ -278,9 +278,9 @@ def _w8a8(arch: str):
         for path in ("orchestrator", "literal"):  # their NVRTC helpers (the GEMMs are CUTLASS's)
             for use in linear_w8a8_kernels(1, 1, dtype, 128, arch, path):
                 yield ("quant_a" if use.file == QUANT_A else "scheme2_epilogue"), {use}
-    from cutlass_ops.w8a8.tiles import BLOCK_SCALED_SIZES, WP_MIN_M
+    from cutlass_ops.w8a8.tiles import BLOCK_SCALED_SIZES, block_scaled_default_Ms
 
-    for M in (1, WP_MIN_M):  # the block-scaled default below WP_MIN_M and from it
+    for M in block_scaled_default_Ms():  # the first M of each block-scaled default variant
         for bs in BLOCK_SCALED_SIZES:
             for dtype in FLOAT_DTYPES:
                 yield "w8a8_kblock_wgmma", linear_w8a8_block_scaled_kernels(M, 8192, dtype, bs, arch)

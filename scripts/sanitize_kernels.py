@@ -912,6 +912,40 @@ def _build_w8a8_cases() -> None:
               _ref("quant_a.cu", f"quant_a_warp_{_DT_NAME[dtype]}")], run_default)
 
 
+def _build_block_scaled_cases() -> None:
+    from cutlass_ops.w8a8 import block_scaled as bsc
+    from cutlass_ops.w8a8 import tiles
+    from cutlass_ops.w8a8.block_scaled_plan import REDUCE_KERNEL, SYMMETRIC
+
+    # The block-scaled symmetric kernel (W8A8W_BLOCK_SCALED): every variant once, each block size, ragged M
+    # (one row in the second M tile, or fewer than a tile) and N, K not a multiple of the 128-wide K tile
+    # (block 64) or blocks spanning two K tiles (256); split-K (grid y, fp32 workspace + reduce) forced where
+    # splits > 1, the last slice short; A quantized inside the call (symmetric QuantA) or passed in.
+    problems = (("WSB", 64, torch.float16, 17, 200, 576, 3, True), ("WSB", 128, torch.bfloat16, 3, 320, 1024, 1, False),
+                ("WSB", 256, torch.float32, 63, 192, 1280, 2, True),
+                ("WMB", 64, torch.bfloat16, 129, 200, 576, 5, False),
+                ("WNB", 128, torch.float16, 129, 200, 1024, 1, True),
+                ("WPB", 256, torch.bfloat16, 129, 1000, 1280, 2, True),
+                ("WPB128", 128, torch.float32, 129, 200, 1024, 3, False))
+    for config, bs, dtype, M, N, K, splits, inside in problems:
+        cfg = tiles.BLOCK_SCALED_CONFIGS[config]
+        def run(bs=bs, dtype=dtype, M=M, N=N, K=K, config=config, splits=splits, inside=inside):
+            g = torch.Generator().manual_seed(M + N + K + bs)
+            weight = bsc.quantize_weight_block_scaled(torch.randn(N, K, generator=g), bs).to(_cuda())
+            x = _activations(M, K, dtype, seed=13, scale=2.0)
+            qa = None if inside else tuple(t.to(_cuda()) for t in
+                                           bsc.quantize_activation_block_scaled_reference(x.cpu(), bs))
+            return bsc.linear_w8a8_block_scaled(x, weight, _vector(N, dtype), 1, quantized_A=qa, config=config,
+                                                splits=splits)
+        refs = [_ref(cfg.kernel_file, cfg.kernel_name, cfg.defines(bs))]
+        if splits > 1:
+            refs.append(_ref(cfg.kernel_file, REDUCE_KERNEL, cfg.defines(bs)))
+        if inside:
+            refs.append(_ref("quant_a.cu", f"quant_a_warp_{_DT_NAME[dtype]}", dict(SYMMETRIC)))
+        _add(f"w8a8_block_scaled/{config}-g{bs}-{_DT_NAME[dtype]}-M{M}-N{N}-K{K}-s{splits}", "w8a8_kblock_wgmma",
+             refs, run, min_cc=tiles.WGMMA_CC)
+
+
 def build_cases() -> list[Case]:
     if not CASES:
         _build_weight_only_cases()
@@ -919,6 +953,7 @@ def build_cases() -> list[Case]:
         _build_conv_cases()
         _build_scheme2_helper_cases()
         _build_w8a8_cases()
+        _build_block_scaled_cases()
         _build_quantize_weight_cases()
         _build_quant_token_cases()
     return CASES

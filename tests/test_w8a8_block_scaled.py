@@ -312,13 +312,77 @@ def test_block_scaled_variants_are_apart_from_the_offset_form():
         assert cfg.block_scaled and cfg.wgmma and cfg.tma and cfg.planes
         assert cfg.defines(128)["W8A8W_BLOCK_SCALED"] == 1
         for bs in BLOCK_SCALED_SIZES:
-            # a 1024-byte slot per block and stage: the slice scales (16 bytes) and 128 row scales
-            assert cfg.smem_bytes(bs) == 4 * (128 * 128 + cfg.BN * 128 + 1024 * max(1, 128 // bs)) + 1024 + 16 * 4
+            # a 1024-byte slot per block and stage: the slice scales (16 bytes) and up to 128 row scales
+            assert cfg.smem_bytes(bs) == (cfg.stages * (cfg.BM * 128 + cfg.BN * 128 + 1024 * max(1, 128 // bs))
+                                          + 1024 + 16 * cfg.stages)
+            assert cfg.smem_bytes(bs) <= 227 * 1024, (cfg.name, bs)  # Hopper's per-block limit
     with pytest.raises(ValueError, match="block-scaled variant is the wgmma kernel"):
         tiles.TileConfig("bad", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True,
                          tma=True, block_scaled=True)
     assert tiles.choose_block_scaled_config(4096, 8192) in BLOCK_SCALED_CONFIGS
     assert tiles.choose_block_scaled_config(1, 8192) in BLOCK_SCALED_CONFIGS
+
+
+def test_small_m_variant_is_the_64_row_n_split():
+    wsb = BLOCK_SCALED_CONFIGS["WSB"]
+    assert (wsb.BM, wsb.BN, wsb.nsplit, wsb.stages) == (64, 128, True, 8)
+    assert wsb.defines(128)["W8A8W_BM"] == 64
+    for cfg in [*TILE_CONFIGS.values(), *(c for c in BLOCK_SCALED_CONFIGS.values() if c.BM == 128)]:
+        assert "W8A8W_BM" not in cfg.defines(128)  # the other variants' defines and cache keys are unchanged
+    # BM = 64 is the block-scaled N split only
+    common = dict(BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True, tma=True, planes=True)
+    with pytest.raises(ValueError, match="128 x BN x 128"):
+        tiles.TileConfig("bad", BM=64, nsplit=False, block_scaled=True, **common)
+    with pytest.raises(ValueError, match="128 x BN x 128"):
+        tiles.TileConfig("bad", BM=64, nsplit=True, block_scaled=False, **common)
+    with pytest.raises(ValueError, match="128 x BN x 128"):
+        tiles.TileConfig("bad", BM=32, nsplit=True, block_scaled=True, **common)
+    # defaults: WSB up to BLOCK_SCALED_SMALL_M, WMB to WP_MIN_M, WPB from there
+    assert [tiles.choose_block_scaled_config(M, 8192) for M in (1, 16, 64, 65, 128, 2047, 2048)] == \
+        ["WSB", "WSB", "WSB", "WMB", "WMB", "WMB", "WPB"]
+    assert tiles.block_scaled_default_Ms() == (1, tiles.BLOCK_SCALED_SMALL_M + 1, tiles.WP_MIN_M)
+
+
+@pytest.mark.parametrize("K, bs, units", [(8192, 128, 64), (8192, 64, 64), (8192, 256, 32), (192, 64, 2),
+                                          (576, 64, 5), (1280, 256, 5), (128, 128, 1)])
+def test_k_units_are_whole_blocks_and_whole_k_tiles(K, bs, units):
+    assert tiles.k_units(K, bs) == units
+
+
+@pytest.mark.parametrize("config, M, N, K, sms, splits", [
+    ("WSB", 16, 8192, 8192, 132, 2),     # 64 tiles: two slices make 128 CTAs
+    ("WSB", 64, 8192, 8192, 132, 2),
+    ("WSB", 65, 8192, 8192, 132, 1),     # 128 tiles
+    ("WSB", 128, 8192, 8192, 132, 1),
+    ("WMB", 16, 8192, 8192, 132, 2),
+    ("WPB", 16, 8192, 8192, 132, 3),     # 43 tiles of 192 columns
+    ("WSB", 1, 4096, 8192, 132, 4),      # 32 tiles
+    ("WSB", 1, 1024, 8192, 132, 16),     # 8 tiles: 16 slices of 4 units
+    ("WSB", 1, 128, 8192, 132, 16),      # 1 tile: at most MAX_SPLITS
+    ("WSB", 1, 1024, 1024, 132, 2),      # 8 units: each slice keeps >= 4
+    ("WSB", 1, 1024, 512, 132, 1),
+    ("WSB", 16, 8192, 8192, 78, 1),      # a smaller GPU: 64 tiles already fill most of it
+])
+def test_split_k_fills_one_wave(config, M, N, K, sms, splits):
+    cfg = BLOCK_SCALED_CONFIGS[config]
+    got = tiles.choose_splits(cfg, M, N, K, 128, sms)
+    assert got == splits
+    tiles_mn = -(-M // cfg.BM) * -(-N // cfg.BN)
+    assert 1 <= got <= tiles.MAX_SPLITS and got <= tiles.k_units(K, 128)
+    assert got == 1 or tiles_mn * got <= sms
+
+
+def test_splits_are_checked_before_touching_the_gpu():
+    qw = quantize_weight_block_scaled(torch.randn(64, 256), 128)
+    x = torch.randn(3, 256)
+    with pytest.raises(ValueError, match="splits must be >= 1"):
+        linear_w8a8_block_scaled(x, qw, splits=0)
+    with pytest.raises(TypeError, match="splits must be an int"):
+        linear_w8a8_block_scaled(x, qw, splits=2.0)
+    with pytest.raises(ValueError, match=r"splits=3 is more than K=256 has"):
+        linear_w8a8_block_scaled(x, qw, splits=3)  # two units of 128 columns
+    with pytest.raises(ValueError, match="CUDA"):  # a valid count passes the checks
+        linear_w8a8_block_scaled(x, qw, splits=2)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -339,9 +403,26 @@ def test_every_block_scaled_variant_compiles_for_hopper(config):
 
 
 @pytest.mark.parametrize("block_size", [64, 256])
-def test_block_scaled_kernel_compiles_for_the_other_block_sizes(block_size):
-    cfg = BLOCK_SCALED_CONFIGS["WNB"]
+@pytest.mark.parametrize("config", ["WNB", "WSB"])
+def test_block_scaled_kernel_compiles_for_the_other_block_sizes(config, block_size):
+    cfg = BLOCK_SCALED_CONFIGS[config]
     assert _is_cubin(nvrtc.compile_file(cfg.kernel_file, "90a", defines=cfg.defines(block_size)).data)
+
+
+def test_split_k_reduce_is_in_the_block_scaled_module_only():
+    from cutlass_ops.w8a8.block_scaled_plan import REDUCE_KERNEL
+
+    name = REDUCE_KERNEL.encode()
+    cfg = BLOCK_SCALED_CONFIGS["WSB"]
+    assert name in nvrtc.compile_file(cfg.kernel_file, "90a", defines=cfg.defines(128)).data
+    offset_form = TILE_CONFIGS["WN"]  # the offset-form modules are as they were: no reduce
+    assert name not in nvrtc.compile_file(offset_form.kernel_file, "90a", defines=offset_form.defines(128)).data
+
+
+def test_bm_64_is_refused_outside_the_block_scaled_n_split():
+    defines = {**TILE_CONFIGS["WN"].defines(128), "W8A8W_BM": 64}  # offset form
+    with pytest.raises(nvrtc.KernelCompileError, match="BM = 64"):
+        nvrtc.compile_file(tiles.WGMMA_KERNEL_FILE, "90a", defines=defines, use_cache=False)
 
 
 def test_block_scaled_kernel_refuses_block_32():

@@ -42,8 +42,14 @@
 // to 4] and bvec holds float4 [G][ceil(N / BN)]: for K block j and CTA tile t the weight scale of each
 // 64-column slice of the tile, {sW[(t BN + 64 s) / bs, j] for s = 0..3} (0 past N or BN); oA and sumA
 // are unused. A slice lies in one weight block (bs >= 64), so the promotion is per row and slice one
-// factor sA * sW, and per element and block one I2FP and one FFMA.
-// Dynamic shared memory: STAGES * (128*128 + BN*128 + max(1, 128/block_size)*kColBytes) + 1024 (alignment)
+// factor sA * sW, and per element and block one I2FP and one FFMA. Only there: W8A8W_BM = 64 with the
+// N split (small M: a 64 x 128 tile, each warpgroup one m64n64 wgmma per k-step on the same 64 rows,
+// half the tensor work and A tile of BM = 128 where most rows are empty), and split-K over gridDim.y:
+// split s sums its own slice of whole K blocks (k_slice; the per-block scales are applied in the
+// mainloop, so a partial sum is exact fp32 work) and, with more than one split, writes the fp32 partials
+// to a workspace [splits, M, N] that w8a8_kblock_wgmma_splitk_reduce (this file) adds in split order
+// with the bias, activation and conversion. Small M at N = 8192 otherwise leaves half the SMs idle.
+// Dynamic shared memory: STAGES * (BM*128 + BN*128 + max(1, 128/block_size)*kColBytes) + 1024 (alignment)
 // (kColBytes: 16 * BN, planes 4096, block-scaled 1024)
 // + 16 * STAGES (barriers); cutlass_ops/ops/w8a8_fused.py computes the same number.
 #include "sm90_wgmma.cuh"
@@ -73,6 +79,9 @@
 #ifndef W8A8W_BLOCK_SCALED
 #define W8A8W_BLOCK_SCALED 0
 #endif
+#ifndef W8A8W_BM
+#define W8A8W_BM 128
+#endif
 
 
 #define W8A8W_HAS_WGMMA CUOPS_HAS_SM90A
@@ -100,7 +109,9 @@ constexpr int kMaxLag = STAGES - 2 * (BS > 128 ? BS / 128 : 1);  // 128: the K t
 static_assert(kMaxLag >= 0, "block 256 spans two K tiles: it needs at least 4 stages");
 constexpr int kLag = kMaxLag < 1 ? kMaxLag : 1;
 
-constexpr int BM = 128, BN = W8A8W_BN, BK = 128;  // CTA tile; BK bytes = one 128-byte swizzle row
+constexpr int BM = W8A8W_BM, BN = W8A8W_BN, BK = 128;  // CTA tile; BK bytes = one 128-byte swizzle row
+static_assert(BM == 128 || (BM == 64 && W8A8W_NSPLIT && W8A8W_BLOCK_SCALED),
+              "BM = 64 (both warpgroups on the same 64 rows, 64 columns each) is the block-scaled N split");
 static_assert(BN == 128 || (BN == 192 && W8A8W_PLANES && !W8A8W_NSPLIT),
               "BN = 192 (one m64n192 wgmma per warpgroup) needs the planes and the M split");
 static_assert(!W8A8W_PINGPONG || (W8A8W_PLANES && !W8A8W_NSPLIT), "the ping-pong consumer is the M split with planes");
@@ -145,7 +156,7 @@ constexpr int kSmemBytes = STAGES * kStageBytes + 1024 + 16 * STAGES;
 // parameters from shared memory per block (their reads, not the tensor cores, bounded the M split).
 static_assert(!W8A8W_PLANES || W8A8W_TMA, "the planar parameters are loaded by TMA");
 static_assert(W8A8W_PLANES || !W8A8W_NSPLIT, "the N split reads its parameters as planes");
-constexpr int kMB = W8A8W_NSPLIT ? 2 : 1;
+constexpr int kMB = W8A8W_NSPLIT ? BM / 64 : 1;
 constexpr int kWN = W8A8W_NSPLIT ? 64 : BN;
 constexpr int kAcc = kMB * kWN / 2;  // registers per thread of one accumulator set (int32 or fp32)
 
@@ -153,6 +164,32 @@ constexpr int kAcc = kMB * kWN / 2;  // registers per thread of one accumulator 
 struct alignas(64) TensorMap {
   uint64_t opaque[16];
 };
+
+#if W8A8W_BLOCK_SCALED
+// Split-K's K slice of split s of S: K is cut into units of max(BS, BK) columns (whole K blocks and whole
+// K tiles, so a slice's stages and parameter slots line up as in the unsplit kernel) and split s takes
+// units [U s / S, U (s + 1) / S), U = ceil(K / unit) (the host keeps S <= U, so none is empty).
+struct KSlice {
+  int k0;  // first K column
+  int g0;  // first K block
+  int G;   // K blocks
+  int T;   // K tiles
+};
+
+__device__ __forceinline__ KSlice k_slice(int K, int s, int S) {
+  constexpr int kUnit = BS > BK ? BS : BK;
+  const int units = UP_DIV(K, kUnit);
+  const int u0 = static_cast<int>(static_cast<long long>(units) * s / S);
+  const int u1 = static_cast<int>(static_cast<long long>(units) * (s + 1) / S);
+  const int k1 = min(u1 * kUnit, K);
+  KSlice r;
+  r.k0 = u0 * kUnit;
+  r.g0 = r.k0 / BS;
+  r.G = k1 / BS - r.g0;  // K % BS == 0
+  r.T = UP_DIV(k1 - r.k0, BK);
+  return r;
+}
+#endif
 
 
 #if W8A8W_HAS_WGMMA
@@ -223,8 +260,9 @@ __device__ __forceinline__ void producer(const Params& p, const Ring& ring, int 
 #if W8A8W_TMA
 // TMA producer: one thread issues every copy of K tile t (A and B boxes, plus the column
 // parameters of the blocks starting in it) on stage t % STAGES once the consumers freed it. The
-// copy engine writes the 128-byte swizzle and zero-fills the ragged M/N/K edges.
-__device__ __forceinline__ void producer_tma(const Params& p, const Ring& ring, int m0, int n0, int T,
+// copy engine writes the 128-byte swizzle and zero-fills the ragged M/N/K edges. k0: the K column of
+// tile 0 (a split-K slice's first column; 0 otherwise).
+__device__ __forceinline__ void producer_tma(const Params& p, const Ring& ring, int m0, int n0, int T, int k0,
                                              const TensorMap* map_a, const TensorMap* map_b) {
   if (threadIdx.x != 32 * kConsumerWarps) return;
 #if W8A8W_BLOCK_SCALED
@@ -251,8 +289,8 @@ __device__ __forceinline__ void producer_tma(const Params& p, const Ring& ring, 
     const bool cols = t % kTilesPerBlock == 0;
     const int slots = cols ? min(kSlots, p.G - g0) : 0;
     mbar_arrive_expect_tx(ring.full(st), static_cast<uint32_t>(kTileBytes + kTileBytesB) + slots * col_bytes);
-    tma_load_2d(ring.a(st), map_a, t * BK, m0, ring.full(st));
-    tma_load_2d(ring.b(st), map_b, t * BK, n0, ring.full(st));
+    tma_load_2d(ring.a(st), map_a, k0 + t * BK, m0, ring.full(st));
+    tma_load_2d(ring.b(st), map_b, k0 + t * BK, n0, ring.full(st));
     for (int slot = 0; slot < slots; ++slot) {
 #if W8A8W_BLOCK_SCALED
       bulk_load(ring.cols(st, slot), p.bvec + (g0 + slot) * tiles_n + n0 / BN, 16u, ring.full(st));
@@ -585,7 +623,20 @@ extern "C" __global__ void __launch_bounds__(cuops::w8a8w::kThreads, 1)
   uint32_t dyn_smem;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
   if (dyn_smem < static_cast<uint32_t>(kSmemBytes) || blockDim.x != kThreads) __trap();
+#if W8A8W_BLOCK_SCALED
+  // Split-K (gridDim.y splits): this CTA runs on its K slice as on a problem of its own (the slice's
+  // scales start at row g0 of the planes) and, with several splits, writes its fp32 partial sums to
+  // D = the workspace [splits, M, N] (the host then passes out_kind 0, no bias, act 0, and
+  // w8a8_kblock_wgmma_splitk_reduce finishes D). One split: the whole K, D itself.
+  const KSlice ks = k_slice(K, blockIdx.y, gridDim.y);
+  if (ks.G < 1 || ks.g0 + ks.G > G) __trap();  // the host keeps splits <= K units: every split gets one
+  const long long Mp = (M + 3) & ~3;
+  void* const D_split = static_cast<float*>(D) + static_cast<long long>(blockIdx.y) * M * N;
+  const Params p{A, sA + ks.g0 * Mp, oA, sumA, B, bvec + static_cast<long long>(ks.g0) * UP_DIV(N, BN), bias,
+                 D_split, M, N, K, ks.G, act, out_kind};
+#else
   const Params p{A, sA, oA, sumA, B, bvec, bias, D, M, N, K, G, act, out_kind};
+#endif
 
   Ring ring;
   ring.base = (smem_addr(w8a8w_smem) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
@@ -601,11 +652,15 @@ extern "C" __global__ void __launch_bounds__(cuops::w8a8w::kThreads, 1)
     }
   }
   __syncthreads();
-  const int T = UP_DIV(K, BK);
+#if W8A8W_BLOCK_SCALED
+  const int T = ks.T, k0 = ks.k0;
+#else
+  [[maybe_unused]] const int T = UP_DIV(K, BK), k0 = 0;
+#endif
   if (threadIdx.x >= 32 * kConsumerWarps) {
     setmaxnreg_dec<kProducerRegs>();
 #if W8A8W_TMA
-    producer_tma(p, ring, m0, n0, T, &map_a, &map_b);
+    producer_tma(p, ring, m0, n0, T, k0, &map_a, &map_b);
 #else
     producer(p, ring, m0, n0, T);
 #endif
@@ -622,6 +677,30 @@ extern "C" __global__ void __launch_bounds__(cuops::w8a8w::kThreads, 1)
   __trap();
 #endif
 }
+
+#if W8A8W_BLOCK_SCALED
+// Split-K's second launch: D[m, n] = act(sum_s workspace[s, m, n] + bias[n]) in the output type (out_kind
+// 0 f32, 1 f16, 2 bf16), the slices added in split order (deterministic, no atomics), then the bias,
+// activation and conversion of the GEMM's own epilogue. One thread per element, grid-stride.
+extern "C" __global__ void w8a8_kblock_wgmma_splitk_reduce(const float* __restrict__ workspace,
+                                                           const float* __restrict__ bias, void* __restrict__ D,
+                                                           int M, int N, int splits, int act, int out_kind) {
+  const long long total = static_cast<long long>(M) * N;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    float v = workspace[i];
+    for (int s = 1; s < splits; ++s) v += workspace[s * total + i];
+    const float b = bias != nullptr ? bias[i % N] : 0.0f;
+    v = cuops::apply_activation(v + b, act);
+    if (out_kind == 1)
+      static_cast<__half*>(D)[i] = cuops::from_float<__half>(v);
+    else if (out_kind == 2)
+      static_cast<__nv_bfloat16*>(D)[i] = cuops::from_float<__nv_bfloat16>(v);
+    else
+      static_cast<float*>(D)[i] = v;
+  }
+}
+#endif
 
 // The planar variants' row parameters as planes [G][3][Mp] = sA, oA, sumA's int32 bits, Mp = M rounded up
 // to 4 (16-byte copies per block), from pre-quantized [M][G] inputs (QuantA inside the call writes

@@ -245,7 +245,7 @@ def slice_scales(scale: torch.Tensor, N: int, block_size: int, BN: int) -> torch
 
 def linear_w8a8_block_scaled(x2d: torch.Tensor, weight: BlockScaledWeight, bias: torch.Tensor | None = None,
                              act=0, *, quantized_A=None, out: torch.Tensor | None = None,
-                             config: str | None = None) -> torch.Tensor:
+                             config: str | None = None, splits: int | None = None) -> torch.Tensor:
     """D [M, N] = act(QuantA_sym(x2d) (*) weight + bias) on a Hopper GPU (sm_90a): one symmetric QuantA
     launch, then the block-scaled wgmma kernel; D in x2d.dtype (or ``out``, contiguous [M, N] of that dtype).
 
@@ -253,9 +253,11 @@ def linear_w8a8_block_scaled(x2d: torch.Tensor, weight: BlockScaledWeight, bias:
     :class:`BlockScaledWeight` with block_size 64, 128 or 256 (moved to x2d's device once, kept per weight).
     bias: None or [N]. act: 0/1/2 or None/"relu"/"relu6". quantized_A: optional (A_q int8 [M, K],
     scale float32 [M, G]) to use instead of quantizing x2d. config: force a variant (a key of
-    ``tiles.BLOCK_SCALED_CONFIGS``). Every argument is checked before any GPU work; other GPUs raise
-    ValueError (the kernel is Hopper's wgmma).
+    ``tiles.BLOCK_SCALED_CONFIGS``). splits: force split-K over that many K slices (1 = none; at most
+    ``tiles.k_units(K, block_size)``; None: ``tiles.choose_splits``, more than one only where the output
+    tiles leave SMs idle; the result then differs from the unsplit one by float32 rounding only).
+    Every argument is checked before any GPU work; other GPUs raise ValueError (the kernel is Hopper's wgmma).
     """
     from .block_scaled_plan import linear  # GPU runtime only when the kernel is first used
 
-    return linear(x2d, weight, bias, act, quantized_A=quantized_A, out=out, config=config)
+    return linear(x2d, weight, bias, act, quantized_A=quantized_A, out=out, config=config, splits=splits)

@@ -7,6 +7,11 @@ What the kernel reads: A_q int8 [M, K] and B_q int8 [N, K] through TMA tensor ma
 plane [G, M rounded up to 4] (:func:`.block_scaled.row_scale_planes`, which QuantA writes directly);
 the weight scales as float4 [G, ceil(N / BN)] of the 64-column slices of each CTA tile
 (:func:`.block_scaled.slice_scales`, made once per weight and variant); bias float32 [N] or none.
+
+Split-K (small M, where the output tiles leave SMs idle; :func:`.tiles.choose_splits`): the GEMM runs on a
+grid (tiles, splits), each split on its own slice of whole K blocks, writing fp32 partial sums to a
+workspace [splits, M, N]; ``w8a8_kblock_wgmma_splitk_reduce`` (same module) adds them in split order and
+applies the bias, the activation and the cast. Deterministic: no atomics.
 """
 from __future__ import annotations
 
@@ -15,23 +20,33 @@ from typing import NamedTuple
 import torch
 
 from cutlass_ops import plan_cache
-from cutlass_ops._validate import (FLOAT_DTYPES, check_cuda, check_dtype, check_ndim, check_shape,
+from cutlass_ops._validate import (FLOAT_DTYPES, check_cuda, check_dtype, check_int, check_ndim, check_shape,
                                    parse_activation)
-from custom_kernels.device import capability, on_device, target_arch
-from custom_kernels.launch import load_kernel
+from custom_kernels.device import capability, on_device, sm_count, target_arch
+from custom_kernels.launch import I32, KernelArgs, Ptr, load_kernel
 
 from .block_scaled import BlockScaledWeight, _check_block_size, row_scale_planes, slice_scales
 from .fused import OUT_KIND, FusedTmaArgs, config_problem
 from .launches import TAGS, GridLaunches, device_index, grid_launches, rows
 from .quant_a import SOURCE as QUANT_A_SOURCE
 from .quant_a import WARP_ITEM_MAX, WARPS_PER_BLOCK, QuantAArgs, QuantAWarpArgs, _quant_a_threads
-from .tiles import BLOCK_SCALED_CONFIGS, BLOCK_SCALED_SIZES, WGMMA_CC, TileConfig, choose_block_scaled_config
+from .tiles import (BLOCK_SCALED_CONFIGS, BLOCK_SCALED_SIZES, WGMMA_CC, TileConfig, choose_block_scaled_config,
+                    choose_splits, k_units)
 from .tma import tensor_map_2d
 
-__all__ = ["SYMMETRIC", "BlockScaledPlan", "quantize_activation_block_scaled_gpu", "plan_for", "linear"]
+__all__ = ["SYMMETRIC", "REDUCE_KERNEL", "ReduceArgs", "BlockScaledPlan", "quantize_activation_block_scaled_gpu",
+           "plan_for", "check_splits", "linear"]
 
 SYMMETRIC = (("QUANT_A_SYMMETRIC", 1),)  # quant_a.cu's symmetric build (same kernel names)
+REDUCE_KERNEL = "w8a8_kblock_wgmma_splitk_reduce"  # split-K's second launch (the GEMM's module)
 _DEFAULT_SMEM = 48 * 1024  # dynamic shared memory a launch gets without opting in
+_REDUCE_THREADS = 256
+_REDUCE_BLOCKS_PER_SM = 8  # grid-stride beyond that
+
+
+class ReduceArgs(KernelArgs):
+    _fields_ = [("workspace", Ptr), ("bias", Ptr), ("D", Ptr), ("M", I32), ("N", I32), ("splits", I32),
+                ("act", I32), ("out_kind", I32)]
 
 
 def quantize_activation_block_scaled_gpu(x2d: torch.Tensor, block_size: int, *, planes: bool = True):
@@ -73,13 +88,15 @@ def quantize_activation_block_scaled_gpu(x2d: torch.Tensor, block_size: int, *, 
 class BlockScaledPlan:
     """The block-scaled kernel of one tile variant for one weight on one device: the weight's GPU copy
     and slice scales, the compiled kernel with the weight's fields (B, slice scales, N, K, G, B's tensor
-    map) written once, and a launch per grid. ``plan(A_q, row_planes, bias32, D, act)``."""
+    map) written once, and a launch per grid; the split-K reduce of the same module.
+    ``plan(A_q, row_planes, bias32, D, act, splits=None)`` (None: :meth:`splits_for` M)."""
 
     @staticmethod
     def kernels(cfg: TileConfig, block_size: int, dtype: torch.dtype) -> tuple:
-        """(source, kernel, defines) of the kernels a call with ``dtype`` activations loads: the GEMM
-        and the symmetric QuantA."""
-        return ((cfg.kernel_file, cfg.kernel_name, cfg.defines(block_size)),
+        """(source, kernel, defines) of the kernels a call with ``dtype`` activations loads: the GEMM, its
+        split-K reduce (whether a call splits depends on M, N, K and the GPU's SMs) and the symmetric QuantA."""
+        defines = cfg.defines(block_size)
+        return ((cfg.kernel_file, cfg.kernel_name, defines), (cfg.kernel_file, REDUCE_KERNEL, dict(defines)),
                 (QUANT_A_SOURCE, f"quant_a_warp_{TAGS[dtype]}", dict(SYMMETRIC)))
 
     def __init__(self, weight: BlockScaledWeight, cfg: TileConfig, device: int):
@@ -104,15 +121,35 @@ class BlockScaledPlan:
                 kernel.set_max_dynamic_smem(smem)
             fixed = dict(B=self.B_q.data_ptr(), bvec=self.slice_scales.data_ptr(), oA=0, sumA=0, N=self.N, K=self.K,
                          G=self.G, map_b=tensor_map_2d(self.B_q.data_ptr(), self.N, self.K, cfg.BN, cfg.BK, device))
+            reduce = load_kernel(cfg.kernel_file, REDUCE_KERNEL, cfg.defines(bs), arch=arch, device=device)
         self.gemm = GridLaunches(kernel, FusedTmaArgs, cfg.threads, device, smem, fixed=fixed)
+        self.reduce = GridLaunches(reduce, ReduceArgs, _REDUCE_THREADS, device, fixed=dict(N=self.N))
+        self.sm_count = sm_count(device)
+
+    def splits_for(self, M: int) -> int:
+        """The default K slices at M rows (:func:`.tiles.choose_splits` on this GPU)."""
+        return choose_splits(self.cfg, M, self.N, self.K, self.block_size, self.sm_count)
 
     def __call__(self, A_q: torch.Tensor, row_planes: torch.Tensor, bias: torch.Tensor | None, D: torch.Tensor,
-                 act: int) -> None:
+                 act: int, splits: int | None = None) -> None:
+        """D = act(A_q (*) weight + bias) with the row scales as planes; ``splits`` K slices (checked by the
+        caller: 1 <= splits <= ``tiles.k_units(K, block_size)``)."""
         cfg, M = self.cfg, A_q.shape[0]
-        self.gemm(-(-M // cfg.BM) * -(-self.N // cfg.BN), A=A_q.data_ptr(), sA=row_planes.data_ptr(),
-                  bias=0 if bias is None else bias.data_ptr(), D=D.data_ptr(), M=M, act=act,
-                  out_kind=OUT_KIND[D.dtype],
-                  map_a=tensor_map_2d(A_q.data_ptr(), M, self.K, cfg.BM, cfg.BK, self.device))
+        tiles = -(-M // cfg.BM) * -(-self.N // cfg.BN)
+        splits = self.splits_for(M) if splits is None else splits
+        map_a = tensor_map_2d(A_q.data_ptr(), M, self.K, cfg.BM, cfg.BK, self.device)
+        bias_ptr = 0 if bias is None else bias.data_ptr()
+        if splits == 1:
+            self.gemm(tiles, A=A_q.data_ptr(), sA=row_planes.data_ptr(), bias=bias_ptr, D=D.data_ptr(), M=M, act=act,
+                      out_kind=OUT_KIND[D.dtype], map_a=map_a)
+            return
+        # the partial sums as they are (fp32, no bias, no activation); the reduce finishes D
+        workspace = torch.empty((splits, M, self.N), dtype=torch.float32, device=D.device)
+        self.gemm((tiles, splits), A=A_q.data_ptr(), sA=row_planes.data_ptr(), bias=0, D=workspace.data_ptr(), M=M,
+                  act=0, out_kind=OUT_KIND[torch.float32], map_a=map_a)
+        blocks = min(-(-M * self.N // _REDUCE_THREADS), _REDUCE_BLOCKS_PER_SM * self.sm_count)
+        self.reduce(blocks, workspace=workspace.data_ptr(), bias=bias_ptr, D=D.data_ptr(), M=M, splits=splits,
+                    act=act, out_kind=OUT_KIND[D.dtype])
 
 
 class _CacheKey(NamedTuple):
@@ -146,8 +183,19 @@ def _check_quantized_A(quantized_A, M: int, K: int, G: int, device: torch.device
     return A_q.contiguous(), scale
 
 
+def check_splits(splits, K: int, block_size: int) -> int:
+    """``splits`` (K slices of split-K) as an int in [1, tiles.k_units(K, block_size)], or a clear error."""
+    check_int(splits, "splits", minimum=1)
+    units = k_units(K, block_size)
+    if splits > units:
+        raise ValueError(f"splits={splits} is more than K={K} has slices of whole K blocks and K tiles "
+                         f"({units} of max(block_size={block_size}, 128) columns)")
+    return splits
+
+
 def linear(x2d: torch.Tensor, weight: BlockScaledWeight, bias: torch.Tensor | None = None, act=0, *,
-           quantized_A=None, out: torch.Tensor | None = None, config: str | None = None) -> torch.Tensor:
+           quantized_A=None, out: torch.Tensor | None = None, config: str | None = None,
+           splits: int | None = None) -> torch.Tensor:
     """:func:`.block_scaled.linear_w8a8_block_scaled` (its docstring): checks, then QuantA and the kernel."""
     if not isinstance(weight, BlockScaledWeight):
         raise TypeError(f"weight must be a BlockScaledWeight, got {type(weight).__name__}")
@@ -166,6 +214,8 @@ def linear(x2d: torch.Tensor, weight: BlockScaledWeight, bias: torch.Tensor | No
         check_shape(bias, "bias", (N,), "[N]")
     if config is not None and config not in BLOCK_SCALED_CONFIGS:
         raise ValueError(f"config must be one of {sorted(BLOCK_SCALED_CONFIGS)}, got {config!r}")
+    if splits is not None:
+        check_splits(splits, K, bs)
     check_cuda(x2d, "x2d")
     device = x2d.device
     index = device_index(x2d)
@@ -193,5 +243,5 @@ def linear(x2d: torch.Tensor, weight: BlockScaledWeight, bias: torch.Tensor | No
         A_q, planes = quantized_A[0], row_scale_planes(quantized_A[1])
     bias32 = None if bias is None else plan_cache.float32_copy(bias)
     with on_device(index):
-        plan(A_q, planes, bias32, out, act)
+        plan(A_q, planes, bias32, out, act, splits)
     return out

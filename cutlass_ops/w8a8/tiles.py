@@ -14,7 +14,8 @@ from dataclasses import dataclass
 __all__ = [
     "BLOCK_SIZES", "KERNEL_FILE", "KERNEL_NAME", "WGMMA_KERNEL_FILE", "WGMMA_KERNEL_NAME", "ROW_PLANES_KERNEL",
     "WGMMA_CC", "WP_MIN_M", "TileConfig", "TILE_CONFIGS", "choose_config", "default_configs",
-    "BLOCK_SCALED_SIZES", "BLOCK_SCALED_CONFIGS", "choose_block_scaled_config",
+    "BLOCK_SCALED_SIZES", "BLOCK_SCALED_CONFIGS", "BLOCK_SCALED_SMALL_M", "MAX_SPLITS", "choose_block_scaled_config",
+    "block_scaled_default_Ms", "k_units", "choose_splits",
 ]
 
 KERNEL_FILE = "w8a8_kblock_fused.cu"
@@ -31,7 +32,7 @@ class TileConfig:
 
     ``wgmma`` variants are the Hopper kernel (w8a8_kblock_wgmma.cu): two consumer warpgroups of
     64 rows plus a producer warpgroup, a 128 x BN x 128 tile (BN = 128, or 192 with the ping-pong
-    consumer)."""
+    consumer); the block-scaled N split also takes BM = 64 (both warpgroups on the same 64 rows)."""
 
     name: str
     BM: int
@@ -54,8 +55,11 @@ class TileConfig:
             raise ValueError(f"tile config {self.name!r}: the N split reads its parameters as planes (planes=True)")
         if self.pingpong and (not self.planes or self.nsplit):
             raise ValueError(f"tile config {self.name!r}: the ping-pong consumer is the M split with planes")
-        if self.wgmma and (self.BM, self.BK) != (128, 128):
-            raise ValueError(f"tile config {self.name!r}: the wgmma kernel's tile is 128 x BN x 128")
+        if self.wgmma and self.BK != 128:
+            raise ValueError(f"tile config {self.name!r}: the wgmma kernel's K tile is BK = 128")
+        if self.wgmma and self.BM != 128 and not (self.BM == 64 and self.nsplit and self.block_scaled):
+            raise ValueError(f"tile config {self.name!r}: the wgmma kernel's tile is 128 x BN x 128 (64 x BN x 128 "
+                             f"only in the block-scaled N split), not BM = {self.BM}")
         if self.wgmma and self.BN not in (128, 192):
             raise ValueError(f"tile config {self.name!r}: the wgmma kernel takes BN = 128 or 192, not {self.BN}")
         if self.wgmma and self.BN == 192 and not self.pingpong:
@@ -93,6 +97,8 @@ class TileConfig:
                        "W8A8W_PINGPONG": int(self.pingpong)}
             if self.block_scaled:  # only then: the other variants' defines (and cache keys) stay as they were
                 defines["W8A8W_BLOCK_SCALED"] = 1
+            if self.BM != 128:  # likewise (the kernel's default BM is 128)
+                defines["W8A8W_BM"] = self.BM
             return defines
         return {
             "W8A8_BLOCK_SIZE": block_size, "W8A8_BM": self.BM, "W8A8_BN": self.BN, "W8A8_BK": self.BK,
@@ -161,6 +167,10 @@ def default_configs(cc: int = 80, N: int = 8192) -> tuple[str, ...]:
 # The block-scaled symmetric scheme (:mod:`.block_scaled`): the same wgmma structures with one I2FP + FFMA
 # per element and block. Measured at N = K = 8192, bs 128 on an H200 (scripts/bench_w8a8_fused.py
 # --block-scaled): M = 16 / 256: WMB 42.0 / 45.7 us (WNB 49.1 / 51.6); M = 4096: WPB 641 us (WMB 714).
+# At M = 16 the 128 x 128 tiles make 64 CTAs for 132 SMs (7/8 of each tile's rows empty): WSB (64 x 128
+# tiles, 8 stages) with split-K (:func:`choose_splits`) is the small-M variant. Measured (H200, us, WSB / WMB
+# at the split count choose_splits gives; nvidia-h200/bench_w8a8_block_scaled_small_m.md): M = 16 25.6 / 36.8,
+# M = 64 27.6 / 31.0, M = 128 35.0 (1 split) / 32.2 (2 splits), M = 256 67.3 / 45.6: WSB up to M = 64.
 BLOCK_SCALED_SIZES = (64, 128, 256)  # a 64-column slice of a tile must lie in one weight block: bs >= 64
 BLOCK_SCALED_CONFIGS: dict[str, TileConfig] = {c.name: c for c in (
     TileConfig("WMB", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True, tma=True,
@@ -171,10 +181,43 @@ BLOCK_SCALED_CONFIGS: dict[str, TileConfig] = {c.name: c for c in (
                planes=True, pingpong=True, block_scaled=True),
     TileConfig("WPB128", BM=128, BN=128, BK=128, warps_m=2, warps_n=4, stages=4, min_blocks=1, wgmma=True,
                tma=True, planes=True, pingpong=True, block_scaled=True),
+    # small M: 64 x 128 tiles (both warpgroups on the same 64 rows, one m64n64 wgmma each per k-step), and
+    # 8 stages so that ~6 weight tiles per SM are in flight (the ring, not the tensor cores, bounds it there)
+    TileConfig("WSB", BM=64, BN=128, BK=128, warps_m=2, warps_n=4, stages=8, min_blocks=1, wgmma=True, tma=True,
+               planes=True, nsplit=True, block_scaled=True),
 )}
+BLOCK_SCALED_SMALL_M = 64  # WSB up to this M (measured above: WMB with 2 splits is ahead at M = 128)
+MAX_SPLITS = 16  # split-K: at most this many K slices (each a workspace [M, N] of fp32 partial sums)
+_MIN_UNITS_PER_SPLIT = 4  # split-K: each slice keeps >= 4 K tiles (the ring fills; the reduce stays worth it)
 
 
 def choose_block_scaled_config(M: int, N: int) -> str:
-    """Block-scaled variant for an M x N output on sm_90a (measured, see above)."""
+    """Block-scaled variant for an M x N output on sm_90a (measured above)."""
     del N
-    return "WPB" if M >= WP_MIN_M else "WMB"
+    if M >= WP_MIN_M:
+        return "WPB"
+    return "WSB" if M <= BLOCK_SCALED_SMALL_M else "WMB"
+
+
+def block_scaled_default_Ms() -> tuple[int, ...]:
+    """The first M of each variant :func:`choose_block_scaled_config` picks (from ``WP_MIN_M`` on it picks one)."""
+    first: dict[str, int] = {}
+    for M in range(1, WP_MIN_M + 1):
+        first.setdefault(choose_block_scaled_config(M, 8192), M)
+    return tuple(first.values())
+
+
+def k_units(K: int, block_size: int) -> int:
+    """Split-K's units of K: max(block_size, BK = 128) columns each (whole K blocks and whole K tiles; the
+    kernel's ``k_slice``); a split takes a run of them, so there are at most this many splits."""
+    return -(-K // max(block_size, 128))
+
+
+def choose_splits(cfg: TileConfig, M: int, N: int, K: int, block_size: int, sm_count: int) -> int:
+    """K slices for the block-scaled kernel at an M x N x K problem on ``sm_count`` SMs: the most that keep
+    the CTAs within one wave (output tiles x splits <= SMs; so 1 once the tiles alone fill half the SMs),
+    each slice at least 4 K units (:func:`k_units`), at most ``MAX_SPLITS``. N = K = 8192, 132 SMs: WSB at
+    M <= 64 -> 2 splits (128 CTAs), WMB at M = 128 -> 2, at M = 256 -> 1 (128 tiles)."""
+    tiles = -(-M // cfg.BM) * -(-N // cfg.BN)
+    splits = min(sm_count // max(tiles, 1), k_units(K, block_size) // _MIN_UNITS_PER_SPLIT, MAX_SPLITS)
+    return max(1, splits)

@@ -5,12 +5,14 @@
 2. The Hopper kernel (w8a8_kblock_wgmma.cu with W8A8W_BLOCK_SCALED, sm_90a) against the float64
    formula evaluated from the same quantized integers, per output element within
 
-       |D - ref| <= c * S + u_out * (|ref| + c * S)  (+ 2^-24 for fp16),   c = (G + 3) * 2^-24
+       |D - ref| <= c * S + u_out * (|ref| + c * S)  (+ 2^-24 for fp16),   c = (G + 1 + max(splits, 2)) * 2^-24
 
    with S = sum_j |sA sW Cq_j| + |bias|. Derivation: Cq_j and its int -> float conversion are exact;
    the row factor sA * sW is one float32 rounding (2^-24 of each term); each of the G FFMAs rounds the
-   running sum once (<= 2^-24 * S each); the bias add once more; the activation is 1-Lipschitz; the
+   running sum once (<= 2^-24 * S each); split-K's reduce adds the splits' partial sums (splits - 1
+   roundings, each <= 2^-24 * S); the bias add once more; the activation is 1-Lipschitz; the
    output conversion is u_out relative (fp32 0, fp16 2^-11, bf16 2^-8) plus fp16's subnormal spacing.
+   (Unsplit that is G + 2 roundings, within the G + 3 of c at splits <= 2.)
    Weights and activations get magnitudes spread over three decades per tile / block, so a scale taken
    from the wrong row, weight block or K block breaks the bound by orders of magnitude (and the largest
    output, ~2e4 at M = 1000, N = K = 4096, stays inside fp16).
@@ -26,8 +28,8 @@ from cutlass_ops import plan_cache
 from cutlass_ops.w8a8.block_scaled import (BlockScaledWeight, linear_block_scaled_reference,
                                            linear_w8a8_block_scaled, quantize_activation_block_scaled_reference,
                                            quantize_weight_block_scaled)
-from cutlass_ops.w8a8.block_scaled_plan import quantize_activation_block_scaled_gpu
-from cutlass_ops.w8a8.tiles import BLOCK_SCALED_CONFIGS, BLOCK_SCALED_SIZES
+from cutlass_ops.w8a8.block_scaled_plan import plan_for, quantize_activation_block_scaled_gpu
+from cutlass_ops.w8a8.tiles import BLOCK_SCALED_CONFIGS, BLOCK_SCALED_SIZES, choose_block_scaled_config, k_units
 
 pytestmark = pytest.mark.gpu
 
@@ -79,9 +81,9 @@ def _reference(A_q: torch.Tensor, sA: torch.Tensor, weight: BlockScaledWeight, b
     return ref, S
 
 
-def _check(D: torch.Tensor, ref: torch.Tensor, S: torch.Tensor, G: int) -> None:
+def _check(D: torch.Tensor, ref: torch.Tensor, S: torch.Tensor, G: int, splits: int = 1) -> None:
     assert bool(torch.isfinite(D).all()), "NaN/Inf in the output (an unwritten element, or a bad scale)"
-    c = (G + 3) * 2.0 ** -24
+    c = (G + 1 + max(splits, 2)) * 2.0 ** -24
     u = UNIT_ROUNDOFF[D.dtype]
     bound = c * S + u * (ref.abs() + c * S)
     if D.dtype == torch.float16:
@@ -94,7 +96,15 @@ def _check(D: torch.Tensor, ref: torch.Tensor, S: torch.Tensor, G: int) -> None:
                                         f"{float(bound[m, n])}")
 
 
-def _run(M, N, K, bs, dtype, with_bias, act, config=None, seed=0, zero_tile=False):
+def _splits_used(weight: BlockScaledWeight, M: int, config, splits) -> int:
+    """The K slices a call with these arguments runs (its plan's default where ``splits`` is None)."""
+    if splits is not None:
+        return splits
+    name = config or choose_block_scaled_config(M, weight.N)
+    return plan_for(weight, name, torch.cuda.current_device()).splits_for(M)
+
+
+def _run(M, N, K, bs, dtype, with_bias, act, config=None, seed=0, zero_tile=False, splits=None):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     weight = _weight(N, K, bs, gen, zero_tile)
     x = _activations(M, K, bs, dtype, gen)
@@ -102,13 +112,13 @@ def _run(M, N, K, bs, dtype, with_bias, act, config=None, seed=0, zero_tile=Fals
     # the reference's quantization (CPU), given to the kernel: the kernel alone is under test
     A_q, sA = (t.cuda() for t in quantize_activation_block_scaled_reference(x.cpu(), bs))
     out = torch.full((M, N), float("nan"), dtype=dtype, device="cuda")  # poison: every element must be written
-    D = linear_w8a8_block_scaled(x, weight, bias, act, quantized_A=(A_q, sA), out=out, config=config)
+    D = linear_w8a8_block_scaled(x, weight, bias, act, quantized_A=(A_q, sA), out=out, config=config, splits=splits)
     torch.cuda.synchronize()
     assert D is out
     ref, S = _reference(A_q, sA, weight, bias, act)
-    _check(D, ref, S, K // bs)
-    # quantized inside the call (GPU QuantA, bit-identical): the same bits out
-    D2 = linear_w8a8_block_scaled(x, weight, bias, act, config=config)
+    _check(D, ref, S, K // bs, _splits_used(weight, M, config, splits))
+    # quantized inside the call (GPU QuantA, bit-identical): the same bits out (split-K's order is fixed)
+    D2 = linear_w8a8_block_scaled(x, weight, bias, act, config=config, splits=splits)
     assert torch.equal(D2.view(torch.int16 if dtype != torch.float32 else torch.int32),
                        D.view(torch.int16 if dtype != torch.float32 else torch.int32))
     return D
@@ -200,6 +210,56 @@ def test_every_variant_and_block_size(config, block_size):
         _run(M, 1000, 768, block_size, torch.float16, True, 0, config=config, seed=block_size + M)
 
 
+# Small M (issue 18): the WSB variant (64 x 128 tiles) and split-K forced, ragged M and N (tiles of 128
+# columns: N = 192 and 320 end mid-tile and mid weight block), K of several blocks: block 64 with K = 576 (the
+# last 128-wide K tile half full, the last split one block), block 256 with K = 1280 (each block two K tiles).
+SMALL_M = [(M, N, bs, K) for M in (1, 3, 16, 17, 63) for N in (192, 320)
+           for bs, K in ((128, 1024), (64, 576), (256, 1280))]
+
+
+@hopper
+@pytest.mark.parametrize("M, N, bs, K", SMALL_M)
+def test_small_m_variant_with_split_k(M, N, bs, K):
+    i = SMALL_M.index((M, N, bs, K))
+    dtype = (torch.float16, torch.bfloat16, torch.float32)[i % 3]
+    for splits in sorted({1, 2, 3, k_units(K, bs)}):  # k_units: one unit (some one block) per split
+        _run(M, N, K, bs, dtype, i % 2 == 0, i % 3, config="WSB", splits=splits, seed=100 * i + splits)
+
+
+@hopper
+@pytest.mark.parametrize("block_size", BLOCK_SCALED_SIZES)
+@pytest.mark.parametrize("config", sorted(BLOCK_SCALED_CONFIGS))
+def test_every_variant_with_split_k(config, block_size):
+    # N = 1000, K = 768 as above; 3 splits (block 256: one block per split), M = 17 and a second M tile
+    for M in (17, 129):
+        _run(M, 1000, 768, block_size, torch.bfloat16, True, 1, config=config, splits=3, seed=block_size + M)
+
+
+@hopper
+def test_default_splits_at_small_m_match_the_reference():
+    # the default at M = 16: WSB; N = 2048 makes 16 tiles, so choose_splits takes several K slices
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    weight = _weight(2048, 2048, 128, gen)
+    assert _splits_used(weight, 16, None, None) > 1
+    _run(16, 2048, 2048, 128, torch.float16, True, 0, seed=23)
+
+
+@hopper
+def test_split_k_is_deterministic_and_close_to_unsplit():
+    gen = torch.Generator(device="cuda").manual_seed(29)
+    weight = _weight(320, 1024, 128, gen)
+    x = _activations(17, 1024, 128, torch.float32, gen)
+    D1 = linear_w8a8_block_scaled(x, weight, config="WSB", splits=1)
+    D4 = linear_w8a8_block_scaled(x, weight, config="WSB", splits=4)
+    for _ in range(3):  # the fixed summation order: the same bits every time
+        assert torch.equal(linear_w8a8_block_scaled(x, weight, config="WSB", splits=4).view(torch.int32),
+                           D4.view(torch.int32))
+    A_q, sA = (t.cuda() for t in quantize_activation_block_scaled_reference(x.cpu(), 128))
+    ref, S = _reference(A_q, sA, weight, None, 0)
+    _check(D1, ref, S, 8, 1)
+    _check(D4, ref, S, 8, 4)
+
+
 @hopper
 @pytest.mark.parametrize("config", sorted(BLOCK_SCALED_CONFIGS))
 def test_large_problem(config):
@@ -222,7 +282,7 @@ def test_end_to_end_matches_the_library_reference():
     want = linear_block_scaled_reference(x.cpu(), weight.to("cpu"), bias.cpu(), "relu6").cuda()
     A_q, sA = (t.cuda() for t in quantize_activation_block_scaled_reference(x.cpu(), 128))
     _, S = _reference(A_q, sA, weight, bias, 2)
-    _check(D, want, S, 8)
+    _check(D, want, S, 8, _splits_used(weight, 33, None, None))
 
 
 @hopper
