@@ -91,9 +91,10 @@ def copies_for(nbytes: int, l2_bytes: int, max_copies: int = MAX_COPIES) -> int:
     return max(1, min(max_copies, math.ceil(2 * l2_bytes / max(nbytes, 1))))
 
 
-def kernel_ran(N: int, K: int, kernel_cc: int, element_D: str) -> str:
+def kernel_ran(N: int, K: int, kernel_cc: int, element_D: str, tile: str = "") -> str:
     """Which kernel a plan of generation ``kernel_cc`` runs (N, K) on: 'Sm90 align 8', 'Sm80 align 1'
-    (the any-N kernel), either with ', K padded to K16', or 'Sm75 padded to N_pad x K_pad'."""
+    (the any-N kernel; ``tile`` appended when given), either with ', K padded to K16', or 'Sm75 padded to
+    N_pad x K_pad'. M = 1 outside capture pads N on Sm80+ too: :func:`plan_kernel` says which."""
     from cutlass_ops.cutlass.padding import padded_sizes
     from cutlass_ops.cutlass.tuning import ANY_N_ALIGNMENT_D, ANY_N_KERNEL_CC, alignment_D
 
@@ -103,7 +104,24 @@ def kernel_ran(N: int, K: int, kernel_cc: int, element_D: str) -> str:
         return f"Sm{kernel_cc} padded to {N_pad}x{K_pad}"
     if N_pad != N:
         kernel_cc, align = ANY_N_KERNEL_CC, ANY_N_ALIGNMENT_D
-    return f"Sm{kernel_cc} align {align}" + (f", K padded to {K_pad}" if K_pad != K else "")
+    return f"Sm{kernel_cc} align {align}" + (f" {tile}" if tile else "") + (f", K padded to {K_pad}" if K_pad != K else "")
+
+
+def plan_kernel(M: int, N: int, K: int, kernel_cc: int, op: str) -> str:
+    """:func:`kernel_ran` as the plan on GPU 0 decides it at this M (eager: M = 1 pads N; the any-N tile)."""
+    from cutlass_ops.cutlass.padding import padded_sizes
+    from cutlass_ops.cutlass.plan import get_plan
+    from cutlass_ops.cutlass.tuning import alignment_D
+
+    element_D = OPS[op]
+    plan = get_plan(0, kernel_cc, op.rsplit("_", 1)[0], element_D, M)
+    any_n = plan._any_n_for(M, N, 0)
+    if any_n is None:
+        N_pad, K_pad = padded_sizes(N, K, alignment_D(kernel_cc, element_D))
+        if N_pad != N:
+            return f"Sm{kernel_cc} align {plan.spec.alignment_D}, padded to {N_pad}x{K_pad}"
+        return kernel_ran(N, K, kernel_cc, element_D)
+    return kernel_ran(N, K, kernel_cc, element_D, "x".join(map(str, any_n.spec.threadblock_shape[:2])))
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,7 +264,8 @@ COLUMNS = ("device", "wall", "graph")
 def table_row(M: int, case: tuple, op: str, aligned: dict, padded: dict, kernel_cc: int) -> tuple[str, dict]:
     """The markdown row of one (M, case, op) and its per-element ratios (nan where a time is missing)."""
     label, (N, K), (N_ref, _) = case
-    cells = [str(M), label, op.replace("_", " "), kernel_ran(N, K, kernel_cc, OPS[op])]
+    kernel = plan_kernel(M, N, K, kernel_cc, op) if torch.cuda.is_available() else kernel_ran(N, K, kernel_cc, OPS[op])
+    cells = [str(M), label, op.replace("_", " "), kernel]
     ratios = {}
     for column in COLUMNS:
         t_al, t_pad = aligned.get(column, float("nan")), padded.get(column, float("nan"))
@@ -332,10 +351,11 @@ def main(argv=None) -> int:
             "nothing is",
             f"memoized while capturing). A and B rotate over copies of >= 2x the L2 ({l2_bytes / 2 ** 20:.0f} MiB; "
             f"at most {MAX_COPIES}).",
-            "kernel: what the unaligned shape runs on, for that op's D type: Sm<cc> align <D elements per store> "
-            "(Sm80 align 1:",
-            "the any-N kernel, nothing padded along N), ', K padded to K16' where A and B are padded along K; "
-            "Sm75 pads N too.",
+            "kernel: what the eager call of the unaligned shape runs on, for that op's D type: Sm<cc> align <D "
+            "elements per store>",
+            "(Sm80 align 1 <tile M x N>: the any-N kernel, nothing padded along N; the graph column of M = 1 runs it "
+            "too), 'padded to N_pad x K_pad'",
+            "(M = 1 eagerly, and Sm75), ', K padded to K16' where A and B are padded along K only.",
             "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER), *lines, "",
             "Within the target:", "", *summary(rows)]
     write_report(text, args.out, "bench_int8_padding")

@@ -72,8 +72,9 @@ class _ChannelPath:
 
             self.ext.register_quant_token(device, torch.empty(0, dtype=dtype), K, *launch_parameters(device, dtype, K))
             self.quant.add((device, dtype, K))
-        # the plan of M's bucket and, where the family has one, its plan for N it cannot store (any_n)
-        for gemm in (plan, getattr(plan, "any_n", None)):
+        # the plan of M's bucket and, where the family has them, its plans for N it cannot store (any_n; the
+        # large bucket's wide-tile any_n_wide): the extension takes the one that registered this shape
+        for gemm in (plan, getattr(plan, "any_n", None), getattr(plan, "any_n_wide", None)):
             fast = getattr(gemm, "_fast", None)  # the GEMM plan's own C++ path (False / None: none yet)
             if not fast:
                 continue

@@ -107,6 +107,30 @@ def test_every_epilogue_any_N(co, name, element, N, M):
     assert torch.equal(co.int8_gemm(A, B, name, out_dtype=dtype, **inputs), D)  # again: the C++ path's shape
 
 
+@pytest.mark.parametrize("N", (257, 4097))
+@pytest.mark.parametrize("name,element", [("none", "s32"), ("requant_clamp", "s8"), ("dequant_relu", "bf16"),
+                                          ("kblock_accumulate", "f32")])
+def test_large_M_takes_the_wide_any_N_tile_where_it_fills_the_GPU(co, name, element, N):
+    """Large M bucket: the wide any-N tile where its tiles alone cover the SMs (N = 4097), the small one
+    where they would not (N = 257); both exact / bounded."""
+    from cutlass_ops.cutlass.plan import bucket_limits, _gpu_name
+    from custom_kernels.device import sm_count
+
+    M = bucket_limits(_gpu_name(0))[1] + 264
+    gen = torch.Generator().manual_seed(M + N)
+    A, B = _int8(M, K, generator=gen), _int8(N, K, generator=gen)
+    inputs = _epilogue_inputs(name, M, N, gen)
+    D = co.int8_gemm(A, B, name, out_dtype=epilogues.OUTPUT_DTYPES[element], **inputs)
+    _check(D, A, B, name, element, inputs)
+    plan = _plan(M, name, element)
+    wide = plan.any_n_wide
+    assert wide is not None and wide.spec.threadblock_shape != plan.any_n.spec.threadblock_shape
+    tile_M, tile_N = wide.spec.threadblock_shape[:2]
+    fills = -(-M // tile_M) * -(-N // tile_N) >= sm_count(0)
+    assert plan._any_n_for(M, N, 0) is (wide if fills else plan.any_n)
+    assert (wide if fills else plan.any_n)._kernel is not None  # the one chosen ran
+
+
 @pytest.mark.parametrize("name,element", [("none", "s32"), ("requant", "s8"), ("dequant", "f16")])
 def test_M1_pads_N_outside_capture_and_takes_any_N_while_capturing(co, name, element):
     """M = 1: one row of D_pad is D already, so eagerly the aligned kernel runs on N-padded B (kept per
