@@ -21,12 +21,14 @@ import torch
 
 import epilogues
 
-# the aligned tests' helpers (and so their tolerance), loaded once whichever file pytest imports first
-_spec = importlib.util.spec_from_file_location("test_int8_gemm_gpu", Path(__file__).with_name("test_int8_gemm_gpu.py"))
-_base = sys.modules.setdefault("test_int8_gemm_gpu", importlib.util.module_from_spec(_spec))
-if not hasattr(_base, "_check_float"):
-    _spec.loader.exec_module(_base)
-_check_float, _exact, _inputs, _int8 = _base._check_float, _base._exact, _base._inputs, _base._int8
+# the padded tests' helpers (inputs with exact requant results, the check against the reference, and through
+# them the aligned tests' tolerance), loaded once whichever file pytest imports first
+_spec = importlib.util.spec_from_file_location("test_int8_any_shape_gpu",
+                                               Path(__file__).with_name("test_int8_any_shape_gpu.py"))
+_shape = sys.modules.setdefault("test_int8_any_shape_gpu", importlib.util.module_from_spec(_spec))
+if not hasattr(_shape, "_check"):
+    _spec.loader.exec_module(_shape)
+_check, _epilogue_inputs, _int8 = _shape._check, _shape._epilogue_inputs, _shape._int8
 
 pytestmark = pytest.mark.gpu
 
@@ -34,7 +36,6 @@ PAIRS = [(name, element) for name in epilogues.names() for element in epilogues.
 N_VALUES = (1, 3, 257, 1000, 4097)
 M_VALUES = (1, 3, 64, 130)
 K = 256
-SCALARS = {"lo": -100.0, "hi": 90.0}  # requant_clamp's range
 
 
 @pytest.fixture(scope="module")
@@ -47,27 +48,6 @@ def co():
     if major < 8:
         pytest.skip("any-N kernels are Sm80: this GPU pads N (test_int8_any_shape_gpu.py)")
     return cutlass_ops
-
-
-def _epilogue_inputs(name: str, M: int, N: int, gen: torch.Generator) -> dict:
-    """The aligned tests' inputs; power-of-two requant multipliers (exact int8 results) and the scalars."""
-    inputs = _inputs(name, M, N, gen, power_of_two=True)
-    inputs.update({n: SCALARS[n] for n, kind in epilogues.get(name).inputs if kind == "scalar"})
-    return inputs
-
-
-def _check(D: torch.Tensor, A: torch.Tensor, B: torch.Tensor, name: str, element: str, inputs: dict) -> None:
-    spec = epilogues.get(name)
-    accum = _exact(A, B).cpu()
-    assert D.dtype == epilogues.OUTPUT_DTYPES[element] and D.shape == accum.shape and D.is_contiguous()
-    ref = spec.reference(accum, element, **inputs)
-    if element in ("s32", "s8"):
-        assert torch.equal(D.cpu().double(), ref.double())
-        return
-    tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
-    terms = spec.reference(accum.abs(), element, **{k: v.abs() for k, v in tensors.items()},
-                           **{k: v for k, v in inputs.items() if k not in tensors})
-    _check_float(D, ref, element, terms.abs())
 
 
 def _plan(M: int, name: str, element: str):
