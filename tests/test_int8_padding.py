@@ -191,7 +191,9 @@ def test_configured_specs_end_with_the_any_n_kernels_per_epilogue_and_output(tar
     pairs = [(n, e, b) for n, e in PAIRS for b in ("small", "large")]
     assert [(s.epilogue, s.element_D) for s in any_n] == [(n, e) for n, e, _ in pairs]
     assert any_n == [any_n_spec(80, int(target), n, e, None, b) for n, e, b in pairs]
-    assert configured_specs(target, buckets=("large",))[-len(any_n):] == any_n  # whatever the buckets
+    assert configured_specs(target, buckets=("large",))[-len(any_n):] == any_n
+    small_only = [s for s in configured_specs(target, buckets=("small",)) if s.alignment_D == 1]
+    assert small_only == [any_n_spec(80, int(target), n, e) for n, e in PAIRS]  # the wide tile: large M only
     assert not [s for s in configured_specs(target, any_n=False) if s.alignment_D == 1]
     assert len({s.name for s in every}) == len(every)
 

@@ -175,7 +175,7 @@ def configured_specs(target: int | str, epilogue_names: list[str] | None = None,
                      any_n: bool = True) -> list[GemmKernelSpec]:
     """Every kernel ``int8_gemm`` may launch on a GPU of compute capability ``target``, each once
     (buckets sharing a tile share a kernel); last, with ``any_n``, the any-N kernels (:func:`any_n_spec`:
-    two per epilogue and D type, whatever ``buckets`` says: the any-N tile and the large bucket's)."""
+    per epilogue and D type the any-N tile, which serves every bucket, and with the large bucket its own)."""
     device_cc = int(str(target).rstrip("a"))
     specs: dict[GemmKernelSpec, None] = {}
     for kernel_cc in (90, 80, 75):
@@ -190,6 +190,6 @@ def configured_specs(target: int | str, epilogue_names: list[str] | None = None,
     if any_n and device_cc >= ANY_N_KERNEL_CC:
         for name in epilogue_names or epilogues.names():
             for element_D in epilogues.get(name).output_dtypes:
-                for bucket in (BUCKETS[0], BUCKETS[-1]):
+                for bucket in (BUCKETS[0], BUCKETS[-1]) if BUCKETS[-1] in buckets else (BUCKETS[0],):
                     specs.setdefault(any_n_spec(ANY_N_KERNEL_CC, device_cc, name, element_D, gpu_name, bucket))
     return list(specs)
