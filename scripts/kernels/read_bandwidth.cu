@@ -4,19 +4,14 @@
 // Each thread keeps UNROLL 16-byte loads in flight per trip (grid-stride over 16-byte words) and
 // folds them with XOR; one word per thread is written only if the fold hits a value that random
 // data never gives, so the loads stay live and nothing is written in practice.
-#include "common.cuh"  // fixed-width integer types under NVRTC
+#include "common.cuh"        // fixed-width integer types under NVRTC
+#include "stream_loads.cuh"  // the GEMV's own 16-byte weight load (read-only path, no L1 allocation)
 
 #ifndef UNROLL
 #define UNROLL 8
 #endif
 
-// 16-byte load: read-only path, no L1 allocation (each byte is used once), like the GEMV's.
-__device__ __forceinline__ uint4 load_stream_16B(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
+using cuops::load_stream_16B;
 
 extern "C" __global__ void read_bandwidth(const uint4* __restrict__ src, long long words, uint32_t* sink) {
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
