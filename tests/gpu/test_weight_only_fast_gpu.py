@@ -56,23 +56,7 @@ def _stream_tolerance(x: torch.Tensor, qw, ref: torch.Tensor, dtype) -> torch.Te
 
 def _check_stream(x, qw, bias, act, *, ref=None):
     """gemv_stream into a NaN-poisoned output, every element within _stream_tolerance."""
-    M, N = x.shape[0], qw.N
-    out = torch.full((M, N), float("nan"), dtype=x.dtype, device="cuda")
-    result = wo.linear_weight_only(x, qw, bias, act, strategy="gemv_stream", out=out)
-    torch.cuda.synchronize()
-    assert result is out
-    if ref is None:
-        ref = linear_reference(x, qw, bias, act)
-    tol = _stream_tolerance(x, qw, ref, x.dtype)
-    err = (out.to(torch.float64) - ref).abs()
-    bad = ~(err <= tol)  # NaN (unwritten) counts as bad
-    if bad.any():
-        i = int(bad.flatten().nonzero()[0])
-        m, n = divmod(i, N)
-        pytest.fail(f"gemv_stream M={M} N={N} K={qw.K} bits={qw.bits} block_size={qw.block_size} {x.dtype}: "
-                    f"{int(bad.sum())} of {bad.numel()} outputs off; first at [{m}, {n}]: got {out[m, n].item()}, "
-                    f"ref {ref[m, n].item()}, tol {tol[m, n].item():.3g}")
-    return out
+    return _check(x, qw, bias, act, "gemv_stream", ref=ref, tolerance=_stream_tolerance)
 
 
 # --------------------------------------------------------------------------------------------

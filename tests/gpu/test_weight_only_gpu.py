@@ -72,7 +72,8 @@ def _tolerance(x: torch.Tensor, qw: QuantizedWeight, ref: torch.Tensor, dtype) -
     return 1.01 * u * ref.abs() + 12 * u * S + 6 * 2.0 ** -24 * math.sqrt(qw.K) * S + 2.0 ** -25
 
 
-def _check(x, qw, bias, act, strategy, *, ref=None, config=None):
+def _check(x, qw, bias, act, strategy, *, ref=None, config=None, tolerance=_tolerance):
+    """``strategy`` into a NaN-poisoned output, every element within ``tolerance(x, qw, ref, dtype)``."""
     M, N = x.shape[0], qw.N
     out = torch.full((M, N), float("nan"), dtype=x.dtype, device="cuda")
     result = wo.linear_weight_only(x, qw, bias, act, strategy=strategy, out=out, config=config)
@@ -80,13 +81,14 @@ def _check(x, qw, bias, act, strategy, *, ref=None, config=None):
     assert result is out
     if ref is None:
         ref = linear_reference(x, qw, bias, act)
-    tol = _tolerance(x, qw, ref, x.dtype)
+    tol = tolerance(x, qw, ref, x.dtype)
     err = (out.to(torch.float64) - ref).abs()
     bad = ~(err <= tol)  # NaN (unwritten or poisoned) counts as bad
     if bad.any():
         i = int(bad.flatten().nonzero()[0])
         m, n = divmod(i, N)
-        pytest.fail(f"strategy={strategy} config={config} M={M}: {int(bad.sum())} of {bad.numel()} outputs off; first at "
+        pytest.fail(f"strategy={strategy} config={config} M={M} N={N} K={qw.K} bits={qw.bits} "
+                    f"block_size={qw.block_size} {x.dtype}: {int(bad.sum())} of {bad.numel()} outputs off; first at "
                     f"[{m}, {n}]: got {out[m, n].item()}, ref {ref[m, n].item()}, tol {tol[m, n].item():.3g}")
     return out
 
