@@ -115,7 +115,7 @@ def plan_kernel(M: int, N: int, K: int, kernel_cc: int, op: str) -> str:
 
     element_D = OPS[op]
     plan = get_plan(0, kernel_cc, op.rsplit("_", 1)[0], element_D, M)
-    any_n = plan._any_n_for(M, N, 0)
+    any_n = plan.any_n_for(M, N, 0)
     if any_n is None:
         N_pad, K_pad = padded_sizes(N, K, alignment_D(kernel_cc, element_D))
         if N_pad != N:

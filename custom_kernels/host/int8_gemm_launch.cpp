@@ -434,7 +434,8 @@ py::object run_channel(const at::Tensor& x, const at::Tensor& B, const at::Tenso
       !no_grad_wanted(x))
     return py::none();
   const int64_t K = x.size(-1), N = B.size(0);
-  if (K == 0 || K > INT32_MAX || B.scalar_type() != at::kChar || B.dim() != 2 || B.size(1) != K || N == 0 ||
+  // K % 16 != 0: the GEMM runs on zero-padded operands, which only Python prepares
+  if (K == 0 || K % 16 || K > INT32_MAX || B.scalar_type() != at::kChar || B.dim() != 2 || B.size(1) != K || N == 0 ||
       !B.is_contiguous() || B.get_device() != dev)
     return py::none();
   const int64_t M = x.numel() / K;
@@ -455,7 +456,6 @@ py::object run_channel(const at::Tensor& x, const at::Tensor& B, const at::Tenso
   std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
   out_sizes.back() = N;
   at::Tensor out = at::empty(out_sizes, x.options());
-  if (K % 16) return py::none();  // the GEMM on zero-padded operands: Python's
   uint64_t ptr[kMaxPointers] = {0};
   State* state = nullptr;
   // The plan of M's bucket holds the state of this M (or, for an N it cannot store, the any-N plan)

@@ -60,7 +60,7 @@ class Int8Gemm:
     """One int8 GEMM kernel (a plan): ``plan(A, B, out=None, **epilogue_inputs)`` launches it on
     torch's current stream and returns D. ``any_n``: the plan that takes the N this kernel cannot store
     (N % spec.alignment_D != 0), or None (pad N); ``any_n_wide``: the large bucket's any-N plan of a wider
-    tile, taken where its tiles alone fill the GPU (:meth:`_any_n_for`), or None."""
+    tile, taken where its tiles alone fill the GPU (:meth:`any_n_for`), or None."""
 
     def __init__(self, spec: GemmKernelSpec, any_n: "Int8Gemm | None" = None, any_n_wide: "Int8Gemm | None" = None):
         self.spec = spec
@@ -105,7 +105,7 @@ class Int8Gemm:
         if not (A.shape[0] and N and K):
             return self._empty(A, B, out, inputs, device)
         if K % ALIGNMENT_K or N % self.spec.alignment_D:
-            any_n = self._any_n_for(A.shape[0], N, device)
+            any_n = self.any_n_for(A.shape[0], N, device)
             if any_n is not None:
                 return any_n.run(A, B, out, inputs, device)  # it pads K only, if at all
             return self._run_padded(A, B, out, inputs, device)
@@ -151,12 +151,12 @@ class Int8Gemm:
         fast = self._fast
         D = fast.run(A, B, device, out, inputs, True) if fast else None
         if D is None:
-            any_n = self._any_n_for(A.shape[0], B.shape[0], device)
+            any_n = self.any_n_for(A.shape[0], B.shape[0], device)
             if any_n is not None:
                 return any_n.run_fast(A, B, out, inputs, device)
         return D
 
-    def _any_n_for(self, M: int, N: int, device: int) -> "Int8Gemm | None":
+    def any_n_for(self, M: int, N: int, device: int) -> "Int8Gemm | None":
         """The any-N plan for an unaligned N, or None: this plan pads N (Sm75; and M = 1 outside CUDA-graph
         capture, where D_pad's one row is D already and B's padded copy is kept: 1.00-1.04x the aligned time
         per element on an H200, against the any-N kernel's 1.4-1.55x; while capturing nothing is kept, so a

@@ -7,7 +7,7 @@ epilogue with every output type it writes, N in {1, 3, 257, 1000, 4097}, M in {1
 bucket), without and with ``out=``; int32 and int8 results equal the exact product / float64 reference
 bit for bit (power-of-two requant multipliers), float results are held to tests/gpu/test_int8_gemm_gpu.py's
 bound. Also K unaligned on the same kernel (A and B padded along K only) and CUDA-graph replays. M = 1
-outside graph capture pads N instead (the plan's rule, cutlass_ops/cutlass/plan.py ``_any_n_for``).
+outside graph capture pads N instead (the plan's rule, cutlass_ops/cutlass/plan.py ``any_n_for``).
 Padding itself (Sm75, any K): tests/gpu/test_int8_any_shape_gpu.py.
 """
 from __future__ import annotations
@@ -107,7 +107,7 @@ def test_large_M_takes_the_wide_any_N_tile_where_it_fills_the_GPU(co, name, elem
     assert wide is not None and wide.spec.threadblock_shape != plan.any_n.spec.threadblock_shape
     tile_M, tile_N = wide.spec.threadblock_shape[:2]
     fills = -(-M // tile_M) * -(-N // tile_N) >= sm_count(0)
-    assert plan._any_n_for(M, N, 0) is (wide if fills else plan.any_n)
+    assert plan.any_n_for(M, N, 0) is (wide if fills else plan.any_n)
     assert (wide if fills else plan.any_n)._kernel is not None  # the one chosen ran
 
 
