@@ -2,7 +2,8 @@
 
 The device's primary context (the one torch uses), its compute capability, SM count and
 shared-memory limits, the NVRTC target for it, and torch's current raw stream. Every driver
-call is checked (:func:`check`). Answers that never change for a device are cached.
+call goes through :mod:`.libcuda` (ctypes; no ``cuda.bindings`` import on the runtime path) and is
+checked (:func:`check`). Answers that never change for a device are cached.
 """
 from __future__ import annotations
 
@@ -12,25 +13,20 @@ import threading
 from typing import Any
 
 import torch
-from cuda.bindings import driver
+
+from . import libcuda
+from .libcuda import CudaDriverError
 
 __all__ = ["CudaDriverError", "check", "current_device", "raw_stream", "capability", "sm_count",
            "smem_limits", "target_arch", "ensure_context", "context_of", "retry_in_context", "on_device"]
 
 
-class CudaDriverError(RuntimeError):
-    """A CUDA driver call returned an error; the message names the call and decodes the error."""
-
-
 def check(result: tuple, what: str) -> Any:
-    """Unpack a cuda.bindings.driver return tuple, raising CudaDriverError unless CUDA_SUCCESS."""
+    """Unpack a driver call's ``(CUresult, *outputs)`` (:mod:`.libcuda`'s convention): None, the one output,
+    or a tuple of them; CudaDriverError naming ``what`` and the decoded error unless CUDA_SUCCESS."""
     err, *rest = result
-    if err != driver.CUresult.CUDA_SUCCESS:
-        _, name = driver.cuGetErrorName(err)
-        _, desc = driver.cuGetErrorString(err)
-        name = name.decode() if isinstance(name, bytes) else str(err)
-        desc = desc.decode() if isinstance(desc, bytes) else ""
-        raise CudaDriverError(f"{what} failed: {name}: {desc}")
+    if err != libcuda.CUDA_SUCCESS:
+        raise CudaDriverError(f"{what} failed: {libcuda.error_text(int(err))}")
     if not rest:
         return None
     return rest[0] if len(rest) == 1 else tuple(rest)
@@ -68,13 +64,12 @@ def sm_count(device: int) -> int:
 @functools.lru_cache(maxsize=None)
 def smem_limits(device: int) -> tuple[int, int, int]:
     """(shared memory per SM, opt-in maximum per block, reserved per block) in bytes."""
-    check(driver.cuInit(0), "cuInit")
-    dev = check(driver.cuDeviceGet(device), "cuDeviceGet")
-    attr = driver.CUdevice_attribute
-    return tuple(check(driver.cuDeviceGetAttribute(a, dev), f"cuDeviceGetAttribute({a.name})")
-                 for a in (attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
-                           attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                           attr.CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK))
+    check(libcuda.cuInit(0), "cuInit")
+    dev = check(libcuda.cuDeviceGet(device), "cuDeviceGet")
+    return tuple(check(libcuda.cuDeviceGetAttribute(getattr(libcuda, name), dev), f"cuDeviceGetAttribute({name})")
+                 for name in ("CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
+                              "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+                              "CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK"))
 
 
 def target_arch(device: int | None = None) -> str:
@@ -84,17 +79,17 @@ def target_arch(device: int | None = None) -> str:
 
 
 _ctx_lock = threading.Lock()
-_contexts: dict[int, Any] = {}
+_contexts: dict[int, int] = {}
 
 
-def _primary_context(device: int):
-    """``device``'s primary context (the one torch uses), retained once."""
+def _primary_context(device: int) -> int:
+    """``device``'s primary context (the one torch uses; a CUcontext as an int), retained once."""
     with _ctx_lock:
         ctx = _contexts.get(device)
         if ctx is None:
-            check(driver.cuInit(0), "cuInit")
-            dev = check(driver.cuDeviceGet(device), "cuDeviceGet")
-            ctx = check(driver.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+            check(libcuda.cuInit(0), "cuInit")
+            dev = check(libcuda.cuDeviceGet(device), "cuDeviceGet")
+            ctx = check(libcuda.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
             _contexts[device] = ctx
     return ctx
 
@@ -102,29 +97,28 @@ def _primary_context(device: int):
 def ensure_context(device: int) -> None:
     """Make ``device``'s primary context current on this thread (for a thread that has none yet)."""
     ctx = _primary_context(device)
-    current = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
-    if current is None or int(current) != int(ctx):
-        check(driver.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    if check(libcuda.cuCtxGetCurrent(), "cuCtxGetCurrent") != ctx:  # 0: none current
+        check(libcuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
 @contextlib.contextmanager
 def context_of(device: int):
     """``device``'s primary context current inside, the caller's back after (push / pop): a module load or
     a launch for tensors on another GPU than the current one leaves the thread's device as it was."""
-    check(driver.cuCtxPushCurrent(_primary_context(device)), "cuCtxPushCurrent")
+    check(libcuda.cuCtxPushCurrent(_primary_context(device)), "cuCtxPushCurrent")
     try:
         yield
     finally:
-        check(driver.cuCtxPopCurrent(), "cuCtxPopCurrent")
+        check(libcuda.cuCtxPopCurrent(), "cuCtxPopCurrent")
 
 
-def retry_in_context(err, device: int, launch):
+def retry_in_context(err: int, device: int, launch):
     """``launch()``'s result after binding ``device``'s primary context when ``err`` (a failed launch's
-    CUresult, or its int value) says no context is current on this thread; ``err`` itself otherwise.
+    CUresult) says no context is current on this thread; ``err`` itself otherwise.
     Modules are loaded (and the context made current) on the thread of their first use; a thread whose
     first CUDA work is a later launch of ours has none yet (autograd's device threads: torch binds it there
     only at its first runtime call, which may come after ours)."""
-    if err != driver.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+    if err != libcuda.CUDA_ERROR_INVALID_CONTEXT:
         return err
     ensure_context(device)
     return launch()

@@ -7,11 +7,11 @@ Three layers, each built once and reused per call:
   (cached) and returns one.
 - :class:`LaunchShape` - a kernel function on one device with its grid, block, dynamic shared
   memory, thread-block cluster and programmatic-dependent-launch flag: ``launch(stream,
-  kernel_params)`` only sets the stream and calls the driver. Plain launches go through
-  cuda-python's ``cuLaunchKernel``; clusters and PDL need launch attributes, so they go through
-  libcuda's ``cuLaunchKernelEx`` by ctypes with one ``CUlaunchConfig`` made per shape (through
-  cuda-python a ``CUlaunchConfig`` costs an object conversion per call; measured on an H100 host:
-  3.1-5.7 us per ctypes ``cuLaunchKernelEx`` against 3.7-5.8 us for cuda-python's plain launch).
+  kernel_params)`` only sets the stream and calls the driver. Every launch goes through libcuda's
+  ``cuLaunchKernelEx`` by ctypes with one ``CUlaunchConfig`` made per shape (its launch attributes:
+  none, a cluster, PDL), so a call converts four arguments (measured on an H100 host: 3.1-5.7 us per
+  ctypes ``cuLaunchKernelEx`` against 3.7-5.8 us for cuda-python's plain ``cuLaunchKernel``; ctypes'
+  own cost, against a stub library: 0.4 us for it against 0.9 us for the eleven of ``cuLaunchKernel``).
 - :class:`Launch` - a LaunchShape plus its argument block, packed once: a :class:`KernelArgs`
   struct whose fields are the kernel's parameters by name (a call writes only the fields it
   names), or an opaque by-value ``Params`` blob (CUTLASS kernels).
@@ -33,8 +33,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from cuda.bindings import driver
-
+from . import libcuda
 from .device import CudaDriverError, check, context_of, current_device, raw_stream, retry_in_context, target_arch
 
 __all__ = [
@@ -64,7 +63,7 @@ class Module:
     def __init__(self, image: bytes, name: str = "module"):
         self.image = bytes(image)
         self.name = name
-        self._handles: dict[int, Any] = {}
+        self._handles: dict[int, int] = {}  # device -> CUmodule
         self._kernels: dict[str, Kernel] = {}
         self._lock = threading.Lock()
 
@@ -75,7 +74,7 @@ class Module:
                 mod = self._handles.get(device)
                 if mod is None:
                     with context_of(device):  # loads into device's context; the caller's stays current
-                        mod = check(driver.cuModuleLoadData(self.image), f"cuModuleLoadData({self.name})")
+                        mod = check(libcuda.cuModuleLoadData(self.image), f"cuModuleLoadData({self.name})")
                     self._handles[device] = mod
         return mod
 
@@ -92,25 +91,25 @@ class Kernel:
     def __init__(self, module: Module, name: str):
         self.module = module
         self.name = name
-        self._functions: dict[int, Any] = {}
+        self._functions: dict[int, int] = {}  # device -> CUfunction
         self._max_dynamic_smem = 0
 
-    def function(self, device: int | None = None):
-        """The CUfunction on ``device`` (default: the current one), loading the module there first."""
+    def function(self, device: int | None = None) -> int:
+        """The CUfunction (an int) on ``device`` (default: the current one), loading the module there first."""
         if device is None:
             device = current_device()
         fn = self._functions.get(device)
         if fn is None:
             mod = self.module.handle(device)
-            fn = check(driver.cuModuleGetFunction(mod, self.name.encode()), f"cuModuleGetFunction({self.name})")
+            fn = check(libcuda.cuModuleGetFunction(mod, self.name.encode()), f"cuModuleGetFunction({self.name})")
             if self._max_dynamic_smem:
                 self._set_smem(fn, self._max_dynamic_smem)
             self._functions[device] = fn
         return fn
 
-    def _set_smem(self, fn, nbytes: int) -> None:
-        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        check(driver.cuFuncSetAttribute(fn, attr, nbytes), f"cuFuncSetAttribute({self.name}, smem={nbytes})")
+    def _set_smem(self, fn: int, nbytes: int) -> None:
+        attr = libcuda.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        check(libcuda.cuFuncSetAttribute(fn, attr, nbytes), f"cuFuncSetAttribute({self.name}, smem={nbytes})")
 
     def set_max_dynamic_smem(self, nbytes: int) -> None:
         """Allow more than 48 KiB of dynamic shared memory (applied on every device used)."""
@@ -121,7 +120,7 @@ class Kernel:
 
     def max_active_blocks(self, threads: int, smem: int, device: int) -> int:
         """Blocks of ``threads`` threads and ``smem`` dynamic shared bytes that fit on one SM."""
-        return check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function(device), threads, smem),
+        return check(libcuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function(device), threads, smem),
                      f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})")
 
 
@@ -209,9 +208,8 @@ class LaunchConfig:
         return cls(_dim3(grid), _dim3(block), int(smem), _dim3(cluster), bool(pdl))
 
 
-# cuda.h: CUlaunchAttributeID values
-_ATTR_CLUSTER_DIMENSION = 4
-_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+_ATTR_CLUSTER_DIMENSION = libcuda.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = libcuda.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
 class _Attribute(ctypes.Structure):
@@ -227,21 +225,10 @@ class _Config(ctypes.Structure):
 
 assert ctypes.sizeof(_Attribute) == 72 and ctypes.sizeof(_Config) == 56
 
-_lib_lock = threading.Lock()
-_launch_ex = None
-
 
 def cu_launch_kernel_ex():
-    """libcuda's ``cuLaunchKernelEx`` as a ctypes function (loaded once)."""
-    global _launch_ex
-    with _lib_lock:
-        if _launch_ex is None:
-            lib = ctypes.CDLL("libcuda.so.1")  # already loaded by cuda-python / torch
-            fn = lib.cuLaunchKernelEx
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-            fn.restype = ctypes.c_int
-            _launch_ex = fn
-    return _launch_ex
+    """libcuda's ``cuLaunchKernelEx`` as a ctypes function (declared once, :mod:`.libcuda`)."""
+    return libcuda.function("cuLaunchKernelEx")
 
 
 class LaunchShape:
@@ -251,12 +238,10 @@ class LaunchShape:
         self.name = kernel.name
         self.device = device
         self.config = config
-        self.function = kernel.function(device)
+        self.function = kernel.function(device)  # a CUfunction (int)
         self.grid, self.block, self.smem = config.grid, config.block, config.smem
         self.cluster, self.pdl = config.cluster, config.pdl
-        self._ex_config = None
-        if config.cluster != (1, 1, 1) or config.pdl:
-            self._make_ex_config()
+        self._make_ex_config()
         self._lock = threading.Lock()  # the ex config's stream field is shared between callers
 
     def _make_ex_config(self) -> None:
@@ -265,7 +250,7 @@ class LaunchShape:
             attrs.append((_ATTR_CLUSTER_DIMENSION, self.cluster))
         if self.pdl:
             attrs.append((_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION, (1,)))
-        self._attrs = (_Attribute * len(attrs))()
+        self._attrs = (_Attribute * max(1, len(attrs)))()  # none: a launch without attributes
         for slot, (attr_id, values) in zip(self._attrs, attrs):
             slot.id = attr_id
             slot.value[:len(values)] = values
@@ -283,8 +268,6 @@ class LaunchShape:
     @property
     def attributes(self) -> list[tuple[int, tuple[int, ...]]]:
         """(CUlaunchAttributeID, the value's first three 32-bit words) of each launch attribute."""
-        if self._ex_config is None:
-            return []
         return [(a.id, tuple(a.value[:3])) for a in self._attrs[:self._ex_config.num_attrs]]
 
     def launch(self, stream: int, kernel_params: int) -> None:
@@ -297,25 +280,20 @@ class LaunchShape:
         return self._launch_here(stream, kernel_params)
 
     def _launch_here(self, stream: int, kernel_params: int) -> None:
-        err = self._launch(stream, kernel_params) if self._ex_config is not None else driver.cuLaunchKernel(
-            self.function, *self.grid, *self.block, self.smem, stream, kernel_params, 0)[0]
-        if err == driver.CUresult.CUDA_SUCCESS:
+        err = self._launch(stream, kernel_params)
+        if err == libcuda.CUDA_SUCCESS:
             return
         err = retry_in_context(err, self.device, lambda: self._launch(stream, kernel_params))
-        if err == driver.CUresult.CUDA_SUCCESS:
+        if err == libcuda.CUDA_SUCCESS:
             return
         check((err,), f"cuLaunchKernel({self.name}, grid={self.grid}, block={self.block}, smem={self.smem}, "
                       f"cluster={self.cluster}, pdl={self.pdl})")
 
-    def _launch(self, stream: int, kernel_params: int):
+    def _launch(self, stream: int, kernel_params: int) -> int:
         """One launch attempt: its CUresult."""
-        if self._ex_config is None:
-            return driver.cuLaunchKernel(self.function, *self.grid, *self.block, self.smem, stream, kernel_params,
-                                         0)[0]
         with self._lock:
             self._ex_config.stream = stream
-            code = self._ex_call(self._ex_config_addr, self._ex_function, kernel_params, None)
-        return driver.CUresult.CUDA_SUCCESS if code == 0 else driver.CUresult(code)
+            return self._ex_call(self._ex_config_addr, self._ex_function, kernel_params, None)
 
 
 class Launch:

@@ -65,10 +65,15 @@ VERSION_STAMP = "version.json"  # in cache_dir("nvrtc"): NVRTC's version and the
 
 
 def _environment() -> list[str]:
-    """What decides which libnvrtc cuda.pathfinder finds (besides the files themselves)."""
-    import cuda.bindings
+    """What decides which libnvrtc cuda.pathfinder finds (besides the files themselves). The cuda-bindings
+    version comes from its metadata: importing cuda.bindings is what a process with cached cubins avoids."""
+    import importlib.metadata
 
-    return [cuda.bindings.__version__, os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""),
+    try:
+        bindings = importlib.metadata.version("cuda-bindings")  # = cuda.bindings.__version__
+    except importlib.metadata.PackageNotFoundError:
+        bindings = ""
+    return [bindings, os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""),
             os.environ.get("LD_LIBRARY_PATH", ""), os.path.realpath(sys.prefix)]
 
 

@@ -54,12 +54,10 @@ class FastPath:
             return None
         D = self._ext.run(self._id, A, B, device, out, inputs, raw_stream(device), need_finite)
         if D.__class__ is int:  # the launch failed: decode the CUresult
-            from cuda.bindings import driver
-
             D = retry_in_context(D, device, lambda: self._ext.run(self._id, A, B, device, out, inputs,
                                                                   raw_stream(device), need_finite))
             if D.__class__ is int:
-                check((driver.CUresult(D),), f"cuLaunchKernelEx({self._kernel.name})")
+                check((D,), f"cuLaunchKernelEx({self._kernel.name})")
         return D
 
     def register(self, M: int, N: int, K: int, nonnull: int, device: int, pointers: list[int]) -> None:

@@ -51,8 +51,6 @@ class _ChannelPath:
     def _failed(self, failure: tuple, x, qweight, scale, bias, act: int, device: int):
         """A launch failed: retried once after binding the device's context where none was current,
         otherwise CudaDriverError naming the kernel (nothing ran after a failed launch)."""
-        from cuda.bindings import driver
-
         from custom_kernels.device import check, retry_in_context
 
         which, err = failure
@@ -63,7 +61,7 @@ class _ChannelPath:
         elif out.__class__ is not int:
             return out
         kernel = "quant_token" if which == 0 else "the dequant GEMM"
-        check((driver.CUresult(err),), f"cuLaunchKernelEx({kernel}) in QuantLinear w8a8_channel's C++ path")
+        check((err,), f"cuLaunchKernelEx({kernel}) in QuantLinear w8a8_channel's C++ path")
         return None  # unreachable: check raised
 
     def register(self, device: int, dtype: torch.dtype, K: int, act: int, plan) -> None:

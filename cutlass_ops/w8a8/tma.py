@@ -12,8 +12,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from cuda.bindings import driver
-
+from custom_kernels import libcuda
 from custom_kernels.device import check
 from custom_kernels.launch import TensorMap
 
@@ -39,19 +38,18 @@ def tensor_map_2d(address: int, rows: int, cols: int, box_rows: int, box_cols: i
                          f"got address % 16 = {address % 16}, cols = {cols}")
     if box_cols != 128:
         raise ValueError(f"the 128-byte swizzle needs 128-byte box rows, got box_cols={box_cols}")
-    tensor_map = check(driver.cuTensorMapEncodeTiled(
-        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, address,
-        [driver.cuuint64_t(cols), driver.cuuint64_t(rows)],  # dimensions, innermost first
-        [driver.cuuint64_t(cols)],                           # byte stride of each dimension but the innermost
-        [driver.cuuint32_t(box_cols), driver.cuuint32_t(box_rows)],  # box, innermost first
-        [driver.cuuint32_t(1), driver.cuuint32_t(1)],
-        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # zeros
+    tensor_map = check(libcuda.cuTensorMapEncodeTiled(
+        libcuda.CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, address,
+        (cols, rows),          # dimensions, innermost first
+        (cols,),               # byte stride of each dimension but the innermost
+        (box_cols, box_rows),  # box, innermost first
+        (1, 1),                # element strides
+        libcuda.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        libcuda.CU_TENSOR_MAP_SWIZZLE_128B,
+        libcuda.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        libcuda.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,  # zeros
     ), f"cuTensorMapEncodeTiled(rows={rows}, cols={cols}, box={box_rows}x{box_cols})")
-    # a copy that owns its 128 bytes (the driver object's storage goes with it)
-    data = TensorMap.from_buffer_copy(TensorMap.from_address(tensor_map.getPtr()))
+    data = TensorMap.from_buffer_copy(tensor_map)  # the map's 128 bytes
     with _lock:
         _maps[key] = data
         if len(_maps) > _KEPT:
