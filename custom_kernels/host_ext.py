@@ -1,11 +1,12 @@
-"""The C++ per-call launch path (``host/int8_gemm_launch.cpp``), built as a torch extension.
+"""The C++ per-call launch path (``host/int8_gemm_launch.cpp``, ``host/recipe_launch.cpp``), built as a torch
+extension.
 
 :func:`load` takes the first of:
 
 1. the shipped build (``<prebuilt>/host_ext/<tag>/``, :func:`prebuilt_tag`, e.g.
    ``cp312-torch2.11.0+cu130``: a compiled extension is tied to the Python ABI and the torch build),
    written by ``scripts/build_wheel.py --host-ext`` (:func:`ship`); used when its sha256 sidecars
-   match and its ``meta.json`` names this ``int8_gemm_launch.cpp`` (by sha256) and these flags;
+   match and its ``meta.json`` names these sources (:func:`source_digest`) and these flags;
 2. a build in the user cache (``<cache>/host_ext/<key>/``, key: source, torch, Python, flags) whose
    sha256 sidecar matches, imported directly;
 3. a fresh build there with torch's extension builder (ninja and the host C++ compiler), under the
@@ -33,13 +34,18 @@ from types import ModuleType
 
 from . import cache
 from .cache import cache_dir, content_key
+from . import libcuda
 from .launch import cu_launch_kernel_ex, switch_on
 
-__all__ = ["build", "load", "enabled", "ship", "prebuilt_tag", "describe", "SOURCE", "EXT_NAME"]
+__all__ = ["build", "load", "enabled", "ship", "prebuilt_tag", "describe", "source_digest", "SOURCE", "SOURCES",
+           "EXT_NAME"]
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).resolve().parent / "host" / "int8_gemm_launch.cpp"
+HOST_DIR = Path(__file__).resolve().parent / "host"
+SOURCE = HOST_DIR / "int8_gemm_launch.cpp"  # the module's definition (PYBIND11_MODULE)
+SOURCES = (SOURCE, HOST_DIR / "recipe_launch.cpp")  # compiled
+HEADERS = (HOST_DIR / "recipe_launch.h",)  # included: part of what a build is made from
 EXT_NAME = "cutlass_ops_int8_gemm_launch"  # the module name (PyInit_<name>) and the library's stem
 _CFLAGS = ("-O3", "-std=c++17")
 _lock = threading.Lock()
@@ -57,10 +63,20 @@ def enabled() -> bool:
     return switch_on("CUTLASS_OPS_HOST_EXT")
 
 
+def source_digest() -> str:
+    """sha256 over every source and header file of the extension (name and contents, in a fixed order)."""
+    digest = hashlib.sha256()
+    for path in (*SOURCES, *HEADERS):
+        data = path.read_bytes()
+        digest.update(f"{path.name}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
 def _key() -> str:
     import torch
 
-    return content_key(SOURCE.read_bytes(), torch.__version__, sys.version.split()[0], " ".join(_CFLAGS))[:16]
+    return content_key(source_digest().encode(), torch.__version__, sys.version.split()[0], " ".join(_CFLAGS))[:16]
 
 
 def prebuilt_tag() -> str:
@@ -79,7 +95,7 @@ def _prebuilt_dir() -> Path:
 
 def _meta() -> dict:
     """What a shipped build must have been built from to be loaded here."""
-    return {"source_sha256": hashlib.sha256(SOURCE.read_bytes()).hexdigest(), "cflags": list(_CFLAGS)}
+    return {"source_sha256": source_digest(), "cflags": list(_CFLAGS)}
 
 
 def load() -> ModuleType | None:
@@ -94,7 +110,10 @@ def load() -> ModuleType | None:
             return _module
         try:
             module, where = _load_or_build()
-            module.set_launch_function(ctypes.cast(cu_launch_kernel_ex(), ctypes.c_void_p).value)
+            launch = ctypes.cast(cu_launch_kernel_ex(), ctypes.c_void_p).value
+            module.set_launch_function(launch)
+            module.set_recipe_functions(launch, ctypes.cast(libcuda.function("cuTensorMapEncodeTiled"),
+                                                            ctypes.c_void_p).value)
         except _Unavailable as exc:
             _failed = str(exc)
             log.info("C++ launch path unavailable, using the Python path: %s", _failed)
@@ -134,7 +153,7 @@ def _shipped_library() -> Path | None:
     if meta is None:
         return None
     if {k: meta.get(k) for k in ("source_sha256", "cflags")} != _meta():
-        log.info("shipped C++ launch path in %s was built from another %s: not using it", directory, SOURCE.name)
+        log.info("shipped C++ launch path in %s was built from other sources: not using it", directory)
         return None
     lib = directory / f"{EXT_NAME}.so"
     return lib if cache.verify(lib, cache.looks_like_elf, readonly=True) else None
@@ -237,7 +256,7 @@ def _build_and_load() -> ModuleType:
         if not any(directory.glob(f"{EXT_NAME}*.so")):
             log.info("building the C++ launch path into %s (once, about a minute; scripts/build_kernels.py "
                      "builds it ahead of time)", directory)
-        module = cpp_extension.load(name=EXT_NAME, sources=[str(SOURCE)], extra_cflags=list(_CFLAGS),
+        module = cpp_extension.load(name=EXT_NAME, sources=[str(p) for p in SOURCES], extra_cflags=list(_CFLAGS),
                                     extra_include_paths=list(cuda_include_dirs()), build_directory=str(directory),
                                     verbose=False)
         for lib in directory.glob(f"{EXT_NAME}*.so"):

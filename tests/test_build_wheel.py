@@ -204,7 +204,7 @@ def test_a_shipped_build_that_does_not_fit_is_not_used(fresh_host_ext, caplog, d
         lib.write_bytes(lib.read_bytes()[:-1] + b"\0")
     with caplog.at_level(logging.INFO, logger="custom_kernels"):
         assert host_ext._shipped_library() is None
-    why = "built from another" if damage == "other source" else "does not match its sha256"
+    why = "built from other sources" if damage == "other source" else "does not match its sha256"
     assert any(why in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
     assert not host_ext.describe().startswith("shipped")
 
@@ -259,7 +259,7 @@ def test_host_ext_shipped_and_loaded_without_a_compiler(filled, tmp_path):
         assert names == {f"{host_ext.EXT_NAME}.so", f"{host_ext.EXT_NAME}.so.sha256", "meta.json", "meta.json.sha256"}
         assert zf.read(prefix + f"{host_ext.EXT_NAME}.so") == built.read_bytes()  # taken from the cache, not rebuilt
         meta = json.loads(zf.read(prefix + "meta.json"))
-    assert meta["tag"] == tag and meta["source_sha256"] == hashlib.sha256(host_ext.SOURCE.read_bytes()).hexdigest()
+    assert meta["tag"] == tag and meta["source_sha256"] == host_ext.source_digest()
 
     report = tmp_path / "check.md"
     proc = _run(str(REPO / "scripts" / "check_wheel_gpu.py"), str(wheel), "--env-only", "--out", str(report))

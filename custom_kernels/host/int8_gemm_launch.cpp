@@ -14,6 +14,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/extension.h>
 
+#include "recipe_launch.h"
+
 #include <cuda.h>
 
 #include <algorithm>
@@ -525,4 +527,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("register_channel", &register_channel);
   m.def("run_channel", &run_channel);
   m.def("channel_count", &channel_count);
+  bind_recipes(m);
 }

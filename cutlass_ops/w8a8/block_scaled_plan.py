@@ -24,18 +24,19 @@ from cutlass_ops._validate import (FLOAT_DTYPES, check_cuda, check_dtype, check_
                                    parse_activation)
 from custom_kernels.device import capability, on_device, sm_count, target_arch
 from custom_kernels.launch import I32, KernelArgs, Ptr, load_kernel
+from custom_kernels.recipe import BIAS, OUT, WORKSPACE, X, MapOf, Recipe, step_of
 
 from .block_scaled import BlockScaledWeight, _check_block_size, row_scale_planes, slice_scales
 from .fused import OUT_KIND, FusedTmaArgs, config_problem
 from .launches import TAGS, GridLaunches, device_index, grid_launches, rows
 from .quant_a import SOURCE as QUANT_A_SOURCE
-from .quant_a import WARP_ITEM_MAX, WARPS_PER_BLOCK, QuantAArgs, QuantAWarpArgs, _quant_a_threads
+from .quant_a import quantize_rows_launch
 from .tiles import (BLOCK_SCALED_CONFIGS, BLOCK_SCALED_SIZES, WGMMA_CC, TileConfig, choose_block_scaled_config,
                     choose_splits, k_units)
 from .tma import tensor_map_2d
 
 __all__ = ["SYMMETRIC", "REDUCE_KERNEL", "ReduceArgs", "BlockScaledPlan", "quantize_activation_block_scaled_gpu",
-           "plan_for", "check_splits", "linear"]
+           "plan_for", "check_splits", "linear", "recipe"]
 
 SYMMETRIC = (("QUANT_A_SYMMETRIC", 1),)  # quant_a.cu's symmetric build (same kernel names)
 REDUCE_KERNEL = "w8a8_kblock_wgmma_splitk_reduce"  # split-K's second launch (the GEMM's module)
@@ -70,18 +71,12 @@ def quantize_activation_block_scaled_gpu(x2d: torch.Tensor, block_size: int, *, 
         scales = torch.empty((M, G), dtype=torch.float32, device=dev)
         ld_param, g_stride = G, 1
     if M * G:
-        fields = dict(x=x2d.data_ptr(), lda=x2d.stride(0), A_q=A_q.data_ptr(), ldq=K, scale=scales.data_ptr(),
-                      offset=0, sum_q=0, ld_param=ld_param, g_stride=g_stride, G=G, block_size=bs)
         device = device_index(x2d)
         with on_device(device):
-            if bs <= WARP_ITEM_MAX:  # one warp per (row, block)
-                launches = grid_launches(QUANT_A_SOURCE, f"quant_a_warp_{TAGS[x2d.dtype]}", QuantAWarpArgs,
-                                         32 * WARPS_PER_BLOCK, device, SYMMETRIC)
-                launches(-(-M * G // WARPS_PER_BLOCK), M=M, **fields)
-            else:  # one thread block per (row, block)
-                launches = grid_launches(QUANT_A_SOURCE, f"quant_a_{TAGS[x2d.dtype]}", QuantAArgs,
-                                         _quant_a_threads(bs), device, SYMMETRIC)
-                launches(M * G, **fields)
+            launches, grid, fields = quantize_rows_launch(x2d.dtype, M, K, x2d.stride(0), bs, device, x2d.data_ptr(),
+                                                          A_q.data_ptr(), (scales.data_ptr(), 0, 0), ld_param,
+                                                          g_stride, SYMMETRIC)
+            launches(grid, **fields)
     return A_q, scales
 
 
@@ -134,22 +129,31 @@ class BlockScaledPlan:
                  act: int, splits: int | None = None) -> None:
         """D = act(A_q (*) weight + bias) with the row scales as planes; ``splits`` K slices (checked by the
         caller: 1 <= splits <= ``tiles.k_units(K, block_size)``)."""
-        cfg, M = self.cfg, A_q.shape[0]
-        tiles = -(-M // cfg.BM) * -(-self.N // cfg.BN)
+        M = A_q.shape[0]
         splits = self.splits_for(M) if splits is None else splits
-        map_a = tensor_map_2d(A_q.data_ptr(), M, self.K, cfg.BM, cfg.BK, self.device)
-        bias_ptr = 0 if bias is None else bias.data_ptr()
-        if splits == 1:
-            self.gemm(tiles, A=A_q.data_ptr(), sA=row_planes.data_ptr(), bias=bias_ptr, D=D.data_ptr(), M=M, act=act,
-                      out_kind=OUT_KIND[D.dtype], map_a=map_a)
-            return
         # the partial sums as they are (fp32, no bias, no activation); the reduce finishes D
-        workspace = torch.empty((splits, M, self.N), dtype=torch.float32, device=D.device)
-        self.gemm((tiles, splits), A=A_q.data_ptr(), sA=row_planes.data_ptr(), bias=0, D=workspace.data_ptr(), M=M,
-                  act=0, out_kind=OUT_KIND[torch.float32], map_a=map_a)
+        partials = torch.empty((splits, M, self.N), dtype=torch.float32, device=D.device) if splits > 1 else None
+        for launches, grid, fields in self.launches(M, A_q.data_ptr(), row_planes.data_ptr(),
+                                                    0 if bias is None else bias.data_ptr(), D.data_ptr(), D.dtype,
+                                                    act, splits, 0 if partials is None else partials.data_ptr()):
+            m = fields.get("map_a")
+            if m is not None:
+                fields["map_a"] = tensor_map_2d(m.address, m.rows, m.cols, m.box_rows, m.box_cols, self.device)
+            launches(grid, **fields)
+
+    def launches(self, M: int, A, planes, bias, D, out_dtype: torch.dtype, act: int, splits: int, partials) -> list:
+        """[(GridLaunches, grid, fields)] of one call: the GEMM (into D, or with ``splits`` > 1 into the fp32
+        ``partials`` [splits, M, N]) and then the split-K reduce; addresses as ints or recipe ``At``s, A's map
+        as a ``recipe.MapOf`` (:meth:`__call__` encodes it)."""
+        cfg = self.cfg
+        tiles = -(-M // cfg.BM) * -(-self.N // cfg.BN)
+        gemm = dict(A=A, sA=planes, map_a=MapOf(A, M, self.K, cfg.BM, cfg.BK), M=M)
+        if splits == 1:
+            return [(self.gemm, tiles, dict(gemm, bias=bias, D=D, act=act, out_kind=OUT_KIND[out_dtype]))]
         blocks = min(-(-M * self.N // _REDUCE_THREADS), _REDUCE_BLOCKS_PER_SM * self.sm_count)
-        self.reduce(blocks, workspace=workspace.data_ptr(), bias=bias_ptr, D=D.data_ptr(), M=M, splits=splits,
-                    act=act, out_kind=OUT_KIND[D.dtype])
+        return [(self.gemm, (tiles, splits), dict(gemm, bias=0, D=partials, act=0, out_kind=OUT_KIND[torch.float32])),
+                (self.reduce, blocks, dict(workspace=partials, bias=bias, D=D, M=M, splits=splits, act=act,
+                                           out_kind=OUT_KIND[out_dtype]))]
 
 
 class _CacheKey(NamedTuple):
@@ -167,6 +171,32 @@ def plan_for(weight: BlockScaledWeight, config: str, device: int) -> BlockScaled
     key = _CacheKey(weight.qweight, weight.scale, weight.scale)
     return plan_cache.plan(key, ("w8a8.block_scaled", config, device),
                            lambda: BlockScaledPlan(weight, BLOCK_SCALED_CONFIGS[config], device))
+
+
+_ALIGN = 128  # sections of a recipe's workspace start 128 bytes apart (TMA needs 16)
+
+
+def recipe(weight: BlockScaledWeight, dtype: torch.dtype, M: int, K: int, act: int, has_bias: bool,
+           device: int) -> Recipe:
+    """The launches of :func:`linear` (default config and splits) for x [M, K] of ``dtype`` on ``device`` as a
+    recipe: the symmetric QuantA, the GEMM and (split-K) the reduce, with A_q, the row-scale plane and the
+    partial sums in the call's one workspace (``custom_kernels.recipe``)."""
+    plan = plan_for(weight, choose_block_scaled_config(M, weight.N), device)
+    bs, G, N = weight.block_size, K // weight.block_size, weight.N
+    Mp = -(-M // 4) * 4
+    planes_at = -(-M * K // _ALIGN) * _ALIGN
+    partials_at = planes_at + -(-4 * G * Mp // _ALIGN) * _ALIGN
+    splits = plan.splits_for(M)
+    nbytes = partials_at + (4 * splits * M * N if splits > 1 else 0)
+    launches, grid, fields = quantize_rows_launch(dtype, M, K, K, bs, device, X, WORKSPACE,
+                                                  (WORKSPACE + planes_at, 0, 0), 1, Mp, SYMMETRIC)
+    steps = [step_of(launches.launch_for(grid), **fields)]
+    for launches, grid, fields in plan.launches(M, WORKSPACE, WORKSPACE + planes_at, BIAS if has_bias else 0, OUT,
+                                                dtype, act, splits, WORKSPACE + partials_at):
+        steps.append(step_of(launches.launch_for(grid), **fields))
+    # the weight's own tensors too: an in-place change of its scales must send calls back to Python
+    return Recipe(steps, N, nbytes, keep=(weight.qweight, weight.scale, plan.B_q, plan.slice_scales),
+                  bias_dtype=torch.float32)
 
 
 def _check_quantized_A(quantized_A, M: int, K: int, G: int, device: torch.device) -> tuple:

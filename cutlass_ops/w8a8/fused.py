@@ -19,15 +19,17 @@ from cutlass_ops._validate import check_dtype, check_ndim, check_shape, parse_ac
 from cutlass_ops.formats import quant_a_blocks
 from custom_kernels.device import capability, on_device, target_arch
 from custom_kernels.launch import I32, KernelArgs, Ptr, TensorMap, load_kernel
+from custom_kernels.recipe import BIAS, OUT, WORKSPACE, X, MapOf, Recipe, step_of
 
 from .launches import GridLaunches, device_index, grid_launches
-from .quant_a import BVEC_KERNEL, SOURCE as QUANT_A_SOURCE, plane_addresses, precompute_bvec_gpu, quantize_rows_into
+from .quant_a import (BVEC_KERNEL, SOURCE as QUANT_A_SOURCE, plane_addresses, precompute_bvec_gpu, quantize_rows_into,
+                      quantize_rows_launch)
 from .tiles import BLOCK_SIZES, ROW_PLANES_KERNEL, TILE_CONFIGS, TileConfig, choose_config
 from .tma import tensor_map_2d
 
 __all__ = [
     "FusedArgs", "FusedTmaArgs", "RowPlanesArgs", "FusedPlan", "prepare_weight_w8a8", "quantize_activation_torch",
-    "linear_w8a8_fused", "fused_linear", "OUT_KIND", "config_problem",
+    "linear_w8a8_fused", "fused_linear", "OUT_KIND", "config_problem", "recipe",
 ]
 
 OUT_KIND = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -186,11 +188,20 @@ class FusedPlan:
 
     def launch(self, M: int, A: int, sA: int, oA: int, sumA: int, bias: int, D: torch.Tensor, act: int) -> None:
         """The fused launch on device addresses (A 16-byte aligned; bias 0 for none) into D [M, N]."""
+        grid, fields = self.launch_fields(M, A, sA, oA, sumA, bias, D.data_ptr(), D.dtype, act)
+        if self.cfg.tma:
+            m = fields["map_a"]
+            fields["map_a"] = tensor_map_2d(A, m.rows, m.cols, m.box_rows, m.box_cols, self.device)
+        self.gemm(grid, **fields)
+
+    def launch_fields(self, M: int, A, sA, oA, sumA, bias, D, out_dtype: torch.dtype, act: int) -> tuple:
+        """(grid, fields) of the fused launch: addresses as ints or recipe ``At``s; TMA variants' A map as a
+        ``recipe.MapOf`` (:meth:`launch` encodes it)."""
         cfg = self.cfg
-        fields = dict(A=A, sA=sA, oA=oA, sumA=sumA, bias=bias, D=D.data_ptr(), M=M, act=act, out_kind=OUT_KIND[D.dtype])
+        fields = dict(A=A, sA=sA, oA=oA, sumA=sumA, bias=bias, D=D, M=M, act=act, out_kind=OUT_KIND[out_dtype])
         if cfg.tma:
-            fields["map_a"] = tensor_map_2d(A, M, self.K, cfg.BM, cfg.BK, self.device)
-        self.gemm(-(-M // cfg.BM) * -(-self.N // cfg.BN), **fields)
+            fields["map_a"] = MapOf(A, M, self.K, cfg.BM, cfg.BK)
+        return -(-M // cfg.BM) * -(-self.N // cfg.BN), fields
 
 
 def _plan(qw, config: str, device: int) -> FusedPlan:
@@ -200,25 +211,51 @@ def _plan(qw, config: str, device: int) -> FusedPlan:
 _ALIGN = 128  # workspace sections start 128 bytes apart: TMA and vector loads need 16, cache lines like 128
 
 
-def _quantize_into_workspace(x2d: torch.Tensor, block_size: int, planes: bool) -> tuple[torch.Tensor, int, int]:
-    """QuantA of x2d into ONE fresh workspace (one allocation where quantize_activation_gpu makes four):
-    (workspace, address of A_q [M, K], address of the row parameters: [G, 3, M rounded to 4] planes with
-    ``planes``, else scale, offset, sum_q [M, G] one after the other, each 128-byte aligned)."""
-    M, K = x2d.shape
+def _workspace_layout(M: int, K: int, block_size: int, planes: bool) -> tuple[int, tuple[int, int, int], int, int]:
+    """(bytes, offsets of the row parameters, row stride, block stride) of QuantA's one workspace: A_q [M, K]
+    at 0, then the row parameters: [G, 3, M rounded to 4] planes with ``planes``, else scale, offset, sum_q
+    [M, G] one after the other, each section 128-byte aligned."""
     G = K // block_size
     a_bytes = -(-M * K // _ALIGN) * _ALIGN
     if planes:
         Mp = -(-M // 4) * 4
-        workspace = torch.empty(a_bytes + 12 * G * Mp, dtype=torch.uint8, device=x2d.device)
-        A = workspace.data_ptr()
-        params, ld_param, g_stride = plane_addresses(A + a_bytes, Mp)
-    else:
-        p_bytes = -(-4 * M * G // _ALIGN) * _ALIGN
-        workspace = torch.empty(a_bytes + 3 * p_bytes, dtype=torch.uint8, device=x2d.device)
-        A = workspace.data_ptr()
-        params, ld_param, g_stride = (A + a_bytes, A + a_bytes + p_bytes, A + a_bytes + 2 * p_bytes), G, 1
+        params, ld_param, g_stride = plane_addresses(a_bytes, Mp)
+        return a_bytes + 12 * G * Mp, params, ld_param, g_stride
+    p_bytes = -(-4 * M * G // _ALIGN) * _ALIGN
+    return a_bytes + 3 * p_bytes, (a_bytes, a_bytes + p_bytes, a_bytes + 2 * p_bytes), G, 1
+
+
+def _quantize_into_workspace(x2d: torch.Tensor, block_size: int, planes: bool) -> tuple[torch.Tensor, int, int]:
+    """QuantA of x2d into ONE fresh workspace (one allocation where quantize_activation_gpu makes four):
+    (workspace, address of A_q [M, K], addresses of the row parameters: :func:`_workspace_layout`)."""
+    M, K = x2d.shape
+    nbytes, offsets, ld_param, g_stride = _workspace_layout(M, K, block_size, planes)
+    workspace = torch.empty(nbytes, dtype=torch.uint8, device=x2d.device)
+    A = workspace.data_ptr()
+    params = tuple(A + o for o in offsets)
     quantize_rows_into(x2d, block_size, A, params, ld_param, g_stride)
     return workspace, A, params
+
+
+def recipe(qw, dtype: torch.dtype, M: int, K: int, act: int, has_bias: bool, device: int) -> Recipe:
+    """The launches of :func:`fused_linear` for x [M, K] of ``dtype`` on ``device`` as a recipe (QuantA into the
+    call's workspace, the fused kernel into the output): what ``_run`` launches, with the per-call addresses
+    left to the C++ replay (``custom_kernels.recipe``)."""
+    plan = _plan(qw, choose_config(M, qw.N, capability(device)), device)
+    bs, planes = qw.block_size, plan.cfg.planes
+    nbytes, offsets, ld_param, g_stride = _workspace_layout(M, K, bs, planes)
+    params = tuple(WORKSPACE + o for o in offsets)
+    launches, grid, fields = quantize_rows_launch(dtype, M, K, K, bs, device, X, WORKSPACE, params, ld_param,
+                                                  g_stride)
+    steps = [step_of(launches.launch_for(grid), **fields)]
+    if planes:
+        params = (params[0],) * 3
+    grid, fields = plan.launch_fields(M, WORKSPACE, *params, BIAS if has_bias else 0, OUT, dtype, act)
+    steps.append(step_of(plan.gemm.launch_for(grid), **fields))
+    # the weight's own tensors too: an in-place change of scale or offset must send calls back to Python,
+    # whose plan cache then rebuilds bvec
+    return Recipe(steps, plan.N, nbytes, keep=(qw.qweight, qw.scale, qw.offset, plan.prep["B_q"], plan.bvec),
+                  bias_dtype=torch.float32)
 
 
 def _run(x2d: torch.Tensor | None, quantized_A, qw, bias: torch.Tensor | None, act: int, out: torch.Tensor,

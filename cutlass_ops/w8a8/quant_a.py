@@ -19,7 +19,7 @@ from .launches import TAGS, device_index, grid_launches, param_column, rows
 
 __all__ = [
     "QuantAArgs", "QuantAWarpArgs", "SumBqArgs", "quantize_activation_gpu", "quantize_activation_planes_gpu",
-    "quantize_activation_block_gpu", "sum_bq_gpu", "quantize_rows_into", "plane_addresses",
+    "quantize_activation_block_gpu", "sum_bq_gpu", "quantize_rows_into", "quantize_rows_launch", "plane_addresses",
 ]
 
 SOURCE = "quant_a.cu"
@@ -83,27 +83,38 @@ def plane_addresses(base: int, Mp: int) -> tuple[tuple[int, int, int], int, int]
     return (base, base + 4 * Mp, base + 8 * Mp), 1, 3 * Mp
 
 
+def quantize_rows_launch(dtype: torch.dtype, M: int, K: int, lda: int, block_size: int, device: int, x, A_q,
+                         params: tuple, ld_param: int, g_stride: int, defines: tuple = ()):
+    """(launches, grid, fields) of QuantA over every (row, K block) of x [M, K] (row stride lda elements) into
+    A_q int8 [M, K] and (scale, offset, sum_q) of (row m, block g) at m * ld_param + g * g_stride elements
+    from ``params``: the one description behind :func:`quantize_rows_into` (addresses as ints) and the
+    recipes (per-call addresses as ``custom_kernels.recipe.At``). ``defines``: the module's build
+    (``QUANT_A_SYMMETRIC``: the block-scaled scheme's QuantA, same kernel names)."""
+    G = K // block_size
+    fields = dict(x=x, lda=lda, A_q=A_q, ldq=K, scale=params[0], offset=params[1], sum_q=params[2],
+                  ld_param=ld_param, g_stride=g_stride, G=G, block_size=block_size)
+    if block_size <= WARP_ITEM_MAX:  # one warp per (row, block), 8 per thread block
+        launches = grid_launches(SOURCE, f"quant_a_warp_{TAGS[dtype]}", QuantAWarpArgs, 32 * WARPS_PER_BLOCK, device,
+                                 defines)
+        return launches, -(-M * G // WARPS_PER_BLOCK), dict(fields, M=M)
+    launches = grid_launches(SOURCE, f"quant_a_{TAGS[dtype]}", QuantAArgs, _quant_a_threads(block_size), device,
+                             defines)
+    return launches, M * G, fields
+
+
 def quantize_rows_into(x2d: torch.Tensor, block_size: int, A_q: int, params: tuple[int, int, int], ld_param: int,
-                       g_stride: int) -> None:
+                       g_stride: int, defines: tuple = ()) -> None:
     """QuantA of x2d [M, K] (CUDA, a float dtype, rows with a contiguous last dimension, block_size dividing
     K: the caller's checks) into device addresses: A_q int8 [M, K] (row stride K), (scale, offset, sum_q) of
     (row m, block g) at m * ld_param + g * g_stride elements from ``params``. One launch."""
     M, K = x2d.shape
-    G = K // block_size
-    if not M * G:
+    if not M * (K // block_size):
         return
-    fields = dict(x=x2d.data_ptr(), lda=x2d.stride(0), A_q=A_q, ldq=K, scale=params[0], offset=params[1],
-                  sum_q=params[2], ld_param=ld_param, g_stride=g_stride, G=G, block_size=block_size)
     device = device_index(x2d)
     with on_device(device):
-        if block_size <= WARP_ITEM_MAX:  # one warp per (row, block), 8 per thread block
-            launches = grid_launches(SOURCE, f"quant_a_warp_{TAGS[x2d.dtype]}", QuantAWarpArgs,
-                                     32 * WARPS_PER_BLOCK, device)
-            launches(-(-M * G // WARPS_PER_BLOCK), M=M, **fields)
-        else:
-            launches = grid_launches(SOURCE, f"quant_a_{TAGS[x2d.dtype]}", QuantAArgs,
-                                     _quant_a_threads(block_size), device)
-            launches(M * G, **fields)
+        launches, grid, fields = quantize_rows_launch(x2d.dtype, M, K, x2d.stride(0), block_size, device,
+                                                      x2d.data_ptr(), A_q, params, ld_param, g_stride, defines)
+        launches(grid, **fields)
 
 
 def quantize_activation_gpu(x2d: torch.Tensor, block_size: int | None = None):

@@ -71,6 +71,7 @@ from .gemv_mma import GemvMmaGatherPlan, GemvMmaPdlPlan, GemvMmaPlan
 from .gemv_simt import GemvSimtPlan
 from .gemv_stream import GemvStreamPlan
 from .shared import ELEMENT, block_shift, pack_scale_offset
+from .splitk import SplitKGemvPlan
 from .tuned import tuned_for
 from .variants import (
     GEMM_CONFIGS, SMALL_M_GEMV_MMA, GemmConfig, GemmSmallMConfig, GemvMmaConfig, SmallMShape, StreamConfig,
@@ -84,7 +85,7 @@ __all__ = ["STRATEGIES", "GEMV_MMA_MAX_M", "DEQUANT_CUBLAS_MIN_M", "SMALL_M_GEMV
            "dequantize_weight", "choose_strategy", "strategy_problem", "get_plan", "dispatch",
            "ELEMENT", "block_shift", "pack_scale_offset", "gemm_mma_smem", "GemmSmallMConfig", "SmallMShape",
            "default_gemm_small_m_config", "gemm_small_m_smem", "small_m_launch_shape", "plan_class",
-           "candidate_strategies"]
+           "candidate_strategies", "recipe"]
 
 # strategy -> plan class (constructor (qw, M, dtype, device, config=None); call (x, bias, act, out))
 PLANS = {
@@ -143,6 +144,20 @@ def get_plan(qw, M: int, dtype: torch.dtype, device: int, strategy: str | None =
     GEMV as its programmatic dependent); the plan's ``gather`` attribute says whether it is one."""
     return plan_cache.plan(qw, ("weight_only", strategy, M, dtype, device, config, gather),
                            lambda: _build(qw, M, dtype, device, strategy, config, gather))
+
+
+def recipe(qw, dtype: torch.dtype, M: int, K: int, act: int, has_bias: bool, device: int):
+    """The launches of :func:`linear_weight_only`'s default dispatch for x [M, K] of ``dtype`` on ``device`` as a
+    recipe (``custom_kernels.recipe``), or None where its plan has none (only the split-K GEMV plans:
+    gemv_mma, gemm_small_m, gemv_stream; not act-order)."""
+    from custom_kernels.recipe import Recipe
+
+    plan = get_plan(qw, M, dtype, device)
+    if not isinstance(plan, SplitKGemvPlan) or getattr(plan, "gather", False):
+        return None
+    steps, nbytes = plan.recipe_steps(has_bias, act)
+    keep = tuple(t for t in (qw.qweight, qw.scale, qw.offset, *plan._keep) if t is not None)
+    return Recipe(steps, qw.N, nbytes, keep=keep, bias_dtype=dtype)
 
 
 def dequantize_weight(qw, dtype: torch.dtype = torch.float16, *, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -47,6 +47,18 @@ class SplitKGemvPlan:
         self.reduce = reduce_launch(M, N, splits, element, device) if splits > 1 else None
         self._keep = keep  # tensors the launch points at that the plan derived (packed words, copies)
 
+    def recipe_steps(self, has_bias: bool, act: int) -> tuple[list, int]:
+        """(steps, workspace bytes) of :meth:`__call__` as a recipe (``custom_kernels.recipe``): x, the bias,
+        the output and the fp32 workspace as per-call addresses."""
+        from custom_kernels.recipe import BIAS, OUT, WORKSPACE, X, step_of
+
+        bias = BIAS if has_bias else 0
+        if self.reduce is None:
+            return [step_of(self.gemv, A=X, bias=bias, D=OUT, act=act)], 0
+        splits, M, N = self.workspace_shape
+        return [step_of(self.gemv, A=X, bias=bias, D=OUT, workspace=WORKSPACE, act=act),
+                step_of(self.reduce, workspace=WORKSPACE, bias=bias, D=OUT, act=act)], 4 * splits * M * N
+
     def __call__(self, x: torch.Tensor, bias: int, act: int, out: torch.Tensor) -> None:
         if self.reduce is None:
             self.gemv(A=x.data_ptr(), bias=bias, D=out.data_ptr(), act=act)

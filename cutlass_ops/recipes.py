@@ -1,0 +1,112 @@
+"""The C++ replay of a quantized layer's eager call (``custom_kernels.recipe``): the weight-only layer (its
+GEMV plans, M <= 64), the W8A8 per-K-block layer (fused path) and the block-scaled W8A8 layer.
+
+``QuantLinear.forward`` first offers the call to :func:`run`, which answers None until the layer's Python path
+has run a problem of this shape (weight, device, x dtype, M, K, activation, bias or not); after that Python
+call, :func:`register` records that problem's launches (the family's ``recipe``: the same plans and fields
+the Python path used) and hands them to the extension. From then on the call is one C++ call: check x,
+allocate the output and one workspace, patch the addresses in, launch. Anything else (a gradient wanted, a
+non-contiguous or misaligned x, another device than the current one, a weight changed in place, a prepared
+weight tensor dropped by the plan cache) comes back as None and takes the Python path, which raises the
+precise error or registers again. ``CUTLASS_OPS_HOST_EXT=0`` keeps the Python path.
+
+Importing this module loads no GPU runtime: the extension is bound by the first :func:`register`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+if TYPE_CHECKING:
+    from custom_kernels.recipe import Recipe
+
+__all__ = ["run", "register", "weight_only_recipe", "w8a8_block_recipe", "block_scaled_recipe"]
+
+_ext = None  # the extension, set by the first register() that finds it
+_current_device = _raw_stream = None
+
+
+def run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: int) -> torch.Tensor | None:
+    """The output [..., N] of the registered recipe of this problem, or None (the caller's Python path).
+    ``weight``: the tensor the recipe was registered under (the layer's qweight buffer); ``bias``: None or the
+    bias as the family's kernels read it (W8A8: its float32 copy, ``plan_cache.float32_copy``; weight-only:
+    in x's dtype)."""
+    ext = _ext
+    if ext is None:
+        return None
+    device = x.get_device()
+    if device != _current_device():  # the launches run in the current context: Python switches it
+        return None
+    out = ext.run_recipe(x, weight, bias, act, device, _raw_stream(device))
+    if out.__class__ is tuple:
+        out = _failed(out, x, weight, bias, act, device)
+    return out
+
+
+def _failed(failure: tuple, x, weight, bias, act: int, device: int):
+    """A launch failed: retried once after binding the device's context where none was current, otherwise
+    CudaDriverError naming the step (the steps before it ran; the output is not returned)."""
+    from custom_kernels.device import CudaDriverError, retry_in_context
+
+    step, err = failure
+    out = retry_in_context(err, device, lambda: _ext.run_recipe(x, weight, bias, act, device, _raw_stream(device)))
+    if out.__class__ is tuple:
+        step, err = out
+    elif out.__class__ is not int:
+        return out
+    raise CudaDriverError(f"cuLaunchKernelEx (step {step} of a recorded layer call) failed: CUresult {int(err)}")
+
+
+def register(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, act: int,
+             build: Callable[[torch.dtype, int, int, int], "Recipe | None"]) -> None:
+    """After the Python path ran x [..., K] through the layer whose qweight is ``weight``: record the problem's
+    launches with ``build(dtype, M, K, device)`` (once per problem; None: a problem the family cannot record,
+    remembered as such) and let :func:`run` take such calls."""
+    global _ext, _current_device, _raw_stream
+    ext = _ext
+    if ext is None:
+        from custom_kernels import host_ext
+        from custom_kernels.device import current_device, raw_stream
+
+        ext = host_ext.load()
+        if ext is None:
+            return
+        _current_device, _raw_stream = current_device, raw_stream
+        _ext = ext
+    K = x.shape[-1]
+    M = x.numel() // K if K else 0
+    device = x.get_device()
+    if M == 0 or device < 0:
+        return
+    example = torch.empty(0, dtype=x.dtype)
+    if ext.has_recipe(weight, device, example, M, K, act, has_bias):
+        return
+    recipe = build(x.dtype, M, K, device)
+    if recipe is None:  # remembered without steps: run() answers None, has_recipe() True
+        ext.register_recipe(weight, device, example, M, K, act, has_bias, 1, 0, example, [], [])
+        return
+    ext.register_recipe(weight, device, example, M, K, act, has_bias, recipe.N, recipe.workspace_bytes,
+                        torch.empty(0, dtype=recipe.bias_dtype or x.dtype), list(recipe.keep),
+                        [step.as_tuple() for step in recipe.steps])
+
+
+def weight_only_recipe(qw, act: int, has_bias: bool) -> Callable[[torch.dtype, int, int, int], "Recipe | None"]:
+    """The weight-only layer's recipe builder for :func:`register` (None where the plan has no recipe)."""
+    from cutlass_ops.weight_only import recipe
+
+    return lambda dtype, M, K, device: recipe(qw, dtype, M, K, act, has_bias, device)
+
+
+def w8a8_block_recipe(qw, act: int, has_bias: bool) -> Callable[[torch.dtype, int, int, int], "Recipe"]:
+    """The per-K-block W8A8 layer's (fused path) recipe builder for :func:`register`."""
+    from cutlass_ops.w8a8.fused import recipe
+
+    return lambda dtype, M, K, device: recipe(qw, dtype, M, K, act, has_bias, device)
+
+
+def block_scaled_recipe(weight, act: int, has_bias: bool) -> Callable[[torch.dtype, int, int, int], "Recipe"]:
+    """The block-scaled W8A8 layer's recipe builder for :func:`register`."""
+    from cutlass_ops.w8a8.block_scaled_plan import recipe
+
+    return lambda dtype, M, K, device: recipe(weight, dtype, M, K, act, has_bias, device)
