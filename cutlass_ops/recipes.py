@@ -27,30 +27,33 @@ _ext = None  # the extension, set by the first register() that finds it
 _current_device = _raw_stream = None
 
 
-def run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: int) -> torch.Tensor | None:
+def run(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
+        bias: torch.Tensor | None, act: int) -> torch.Tensor | None:
     """The output [..., N] of the registered recipe of this problem, or None (the caller's Python path).
-    ``weight``: the tensor the recipe was registered under (the layer's qweight buffer); ``bias``: None or the
-    bias as the family's kernels read it (W8A8: its float32 copy, ``plan_cache.float32_copy``; weight-only:
-    in x's dtype)."""
+    ``qweight``, ``scale``, ``offset`` (None for a block-scaled weight): the layer's weight tensors, which key
+    the recipe; ``bias``: None or the bias as the family's kernels read it (W8A8: its float32 copy,
+    ``plan_cache.float32_copy``; weight-only: in x's dtype)."""
     ext = _ext
     if ext is None:
         return None
     device = x.get_device()
     if device != _current_device():  # the launches run in the current context: Python switches it
         return None
-    out = ext.run_recipe(x, weight, bias, act, device, _raw_stream(device))
+    args = (x, qweight, scale, offset, bias, act, device)
+    out = ext.run_recipe(*args, _raw_stream(device))
     if out.__class__ is tuple:
-        out = _failed(out, x, weight, bias, act, device)
+        out = _failed(out, args)
     return out
 
 
-def _failed(failure: tuple, x, weight, bias, act: int, device: int):
+def _failed(failure: tuple, args: tuple):
     """A launch failed: retried once after binding the device's context where none was current, otherwise
     CudaDriverError naming the step (the steps before it ran; the output is not returned)."""
     from custom_kernels.device import CudaDriverError, retry_in_context
 
     step, err = failure
-    out = retry_in_context(err, device, lambda: _ext.run_recipe(x, weight, bias, act, device, _raw_stream(device)))
+    device = args[-1]
+    out = retry_in_context(err, device, lambda: _ext.run_recipe(*args, _raw_stream(device)))
     if out.__class__ is tuple:
         step, err = out
     elif out.__class__ is not int:
@@ -58,9 +61,9 @@ def _failed(failure: tuple, x, weight, bias, act: int, device: int):
     raise CudaDriverError(f"cuLaunchKernelEx (step {step} of a recorded layer call) failed: CUresult {int(err)}")
 
 
-def register(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, act: int,
-             build: Callable[[torch.dtype, int, int, int], "Recipe | None"]) -> None:
-    """After the Python path ran x [..., K] through the layer whose qweight is ``weight``: record the problem's
+def register(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
+             has_bias: bool, act: int, build: Callable[[torch.dtype, int, int, int], "Recipe | None"]) -> None:
+    """After the Python path ran x [..., K] through the layer of these weight tensors: record the problem's
     launches with ``build(dtype, M, K, device)`` (once per problem; None: a problem the family cannot record,
     remembered as such) and let :func:`run` take such calls."""
     global _ext, _current_device, _raw_stream
@@ -80,15 +83,15 @@ def register(x: torch.Tensor, weight: torch.Tensor, has_bias: bool, act: int,
     if M == 0 or device < 0:
         return
     example = torch.empty(0, dtype=x.dtype)
-    if ext.has_recipe(weight, device, example, M, K, act, has_bias):
+    weight = (qweight, scale, offset, device, example, M, K, act, has_bias)
+    if ext.has_recipe(*weight):
         return
     recipe = build(x.dtype, M, K, device)
     if recipe is None:  # remembered without steps: run() answers None, has_recipe() True
-        ext.register_recipe(weight, device, example, M, K, act, has_bias, 1, 0, example, [], [])
+        ext.register_recipe(*weight, 1, 0, example, [], [])
         return
-    ext.register_recipe(weight, device, example, M, K, act, has_bias, recipe.N, recipe.workspace_bytes,
-                        torch.empty(0, dtype=recipe.bias_dtype or x.dtype), list(recipe.keep),
-                        [step.as_tuple() for step in recipe.steps])
+    ext.register_recipe(*weight, recipe.N, recipe.workspace_bytes, torch.empty(0, dtype=recipe.bias_dtype or x.dtype),
+                        list(recipe.keep), [step.as_tuple() for step in recipe.steps])
 
 
 def weight_only_recipe(qw, act: int, has_bias: bool) -> Callable[[torch.dtype, int, int, int], "Recipe | None"]:

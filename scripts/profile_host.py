@@ -76,8 +76,7 @@ def int8_gemm_layers(arch: int, M: int, N: int, K: int) -> list[tuple[str, float
     # The bare driver launch of the same Params through a prebuilt LaunchShape.
     keep, params_addr = params_address(params)
     shape = kernel.launch_shape(state.grid, state.block, 0)
-    kind = "cuLaunchKernelEx (ctypes)" if shape.pdl or shape.cluster != (1, 1, 1) else "cuLaunchKernel (cuda-python)"
-    rows.append((f"LaunchShape.launch: {kind}", host_us(lambda: shape.launch(stream, params_addr))))
+    rows.append(("LaunchShape.launch: cuLaunchKernelEx (ctypes)", host_us(lambda: shape.launch(stream, params_addr))))
     try:
         rows.append(("torch._int_mm (reference)", host_us(lambda: torch._int_mm(A, B.t()))))
     except RuntimeError as exc:

@@ -10,9 +10,10 @@
 //
 // As in int8_gemm_launch.cpp, Python keeps every rule and error: run_recipe returns None for anything but
 // the plain case it was registered for (then the Python path runs, raises the precise error or registers).
-// Recipes are found by the weight tensor's identity and in-place version; the tensors a recipe's
-// arguments point at (the prepared weight data) are held by weak reference and checked at every call, so
-// a weight or plan that is gone or changed sends the call back to Python instead of reading freed memory.
+// Recipes are found by the identity of the weight's tensors (qweight, scale, offset); those and the tensors
+// a recipe's arguments point at (the prepared weight data) are held by weak reference and checked at every
+// call, so a weight or plan that is gone or changed sends the call back to Python instead of reading freed
+// or stale memory.
 #include "recipe_launch.h"
 
 #include <torch/csrc/autograd/python_variable.h>
@@ -78,20 +79,23 @@ struct Recipe {
   std::vector<std::unique_ptr<Step>> steps;
 };
 
+// The weight is its three tensors (qweight, scale, offset or none): a layer whose scale tensor is replaced while
+// its qweight stays finds no recipe (the old scale may still be alive elsewhere, unchanged).
 struct Key {
-  const c10::TensorImpl* weight;
+  const c10::TensorImpl *weight, *scale, *offset;
   int device, dtype, act;
   int64_t M, K;
   bool bias;
   bool operator==(const Key& o) const {
-    return weight == o.weight && device == o.device && dtype == o.dtype && act == o.act && M == o.M && K == o.K &&
-           bias == o.bias;
+    return weight == o.weight && scale == o.scale && offset == o.offset && device == o.device && dtype == o.dtype &&
+           act == o.act && M == o.M && K == o.K && bias == o.bias;
   }
 };
 struct KeyHash {
   size_t operator()(const Key& k) const {
     uint64_t h = reinterpret_cast<uint64_t>(k.weight) * 0x9E3779B97F4A7C15ull;
-    for (int64_t v : {int64_t{k.device}, int64_t{k.dtype}, int64_t{k.act}, k.M, k.K, int64_t{k.bias}})
+    for (int64_t v : {reinterpret_cast<int64_t>(k.scale), reinterpret_cast<int64_t>(k.offset), int64_t{k.device},
+                      int64_t{k.dtype}, int64_t{k.act}, k.M, k.K, int64_t{k.bias}})
       h ^= static_cast<uint64_t>(v) + 0x7F4A7C159E3779B9ull + (h << 6) + (h >> 2);
     return h;
   }
@@ -185,9 +189,19 @@ bool valid(const Recipe& r) {
   return true;
 }
 
-Key key_of(const at::Tensor& weight, int64_t device, int64_t dtype, int64_t M, int64_t K, int64_t act, bool bias) {
-  return Key{weight.unsafeGetTensorImpl(), static_cast<int>(device), static_cast<int>(dtype), static_cast<int>(act),
-             M, K, bias};
+// The TensorImpl of an optional tensor argument (None: nullptr); false when it is neither.
+bool impl_of(py::handle obj, const c10::TensorImpl*& impl) {
+  impl = nullptr;
+  if (obj.is_none()) return true;
+  if (!THPVariable_Check(obj.ptr())) return false;
+  impl = THPVariable_Unpack(obj.ptr()).unsafeGetTensorImpl();
+  return true;
+}
+
+Key key_of(const at::Tensor& weight, const at::Tensor& scale, const c10::TensorImpl* offset, int64_t device,
+           int64_t dtype, int64_t M, int64_t K, int64_t act, bool bias) {
+  return Key{weight.unsafeGetTensorImpl(), scale.unsafeGetTensorImpl(), offset, static_cast<int>(device),
+             static_cast<int>(dtype), static_cast<int>(act), M, K, bias};
 }
 
 }  // namespace
@@ -200,13 +214,20 @@ void set_recipe_functions(int64_t launch, int64_t encode) {
 // Record the launches of one problem (cutlass_ops/recipes.py: register). `keep`: the tensors the argument
 // blocks point at, checked alive and unchanged at every call. No steps: the problem is known to have no recipe
 // (its calls stay on the Python path without asking to record it again).
-void register_recipe(const at::Tensor& weight, int64_t device, const at::Tensor& x_example, int64_t M, int64_t K,
-                     int64_t act, bool bias, int64_t N, int64_t workspace_bytes, const at::Tensor& bias_example,
-                     const std::vector<at::Tensor>& keep, const std::vector<py::tuple>& steps) {
+void register_recipe(const at::Tensor& weight, const at::Tensor& scale, py::handle offset_obj, int64_t device,
+                     const at::Tensor& x_example, int64_t M, int64_t K, int64_t act, bool bias, int64_t N,
+                     int64_t workspace_bytes, const at::Tensor& bias_example, const std::vector<at::Tensor>& keep,
+                     const std::vector<py::tuple>& steps) {
   TORCH_CHECK(M > 0 && K > 0 && N > 0 && workspace_bytes >= 0, "register_recipe: bad problem");
+  const c10::TensorImpl* offset;
+  TORCH_CHECK(impl_of(offset_obj, offset), "register_recipe: offset must be a tensor or None");
+  // the weight's own tensors are checked alive and unchanged like the prepared data (they key the recipe)
+  std::vector<at::Tensor> checked = {scale};
+  if (offset != nullptr) checked.push_back(THPVariable_Unpack(offset_obj.ptr()));
+  checked.insert(checked.end(), keep.begin(), keep.end());
   auto recipe = std::make_unique<Recipe>(weight);
   recipe->version = version_of(weight);
-  for (const at::Tensor& t : keep) {
+  for (const at::Tensor& t : checked) {
     recipe->keep.emplace_back(t.getIntrusivePtr());
     recipe->keep_versions.push_back(version_of(t));
   }
@@ -221,13 +242,16 @@ void register_recipe(const at::Tensor& weight, int64_t device, const at::Tensor&
   // drop the recipes of weights that are gone (their weak references hold only TensorImpl memory)
   for (auto it = g_recipes.begin(); it != g_recipes.end();)
     it = it->second->weight.expired() ? g_recipes.erase(it) : std::next(it);
-  g_recipes[key_of(weight, device, static_cast<int64_t>(x_example.scalar_type()), M, K, act, bias)] =
+  g_recipes[key_of(weight, scale, offset, device, static_cast<int64_t>(x_example.scalar_type()), M, K, act, bias)] =
       std::move(recipe);
 }
 
-bool has_recipe(const at::Tensor& weight, int64_t device, const at::Tensor& x_example, int64_t M, int64_t K,
-                int64_t act, bool bias) {
-  auto found = g_recipes.find(key_of(weight, device, static_cast<int64_t>(x_example.scalar_type()), M, K, act, bias));
+bool has_recipe(const at::Tensor& weight, const at::Tensor& scale, py::handle offset_obj, int64_t device,
+                const at::Tensor& x_example, int64_t M, int64_t K, int64_t act, bool bias) {
+  const c10::TensorImpl* offset;
+  if (!impl_of(offset_obj, offset)) return false;
+  auto found = g_recipes.find(
+      key_of(weight, scale, offset, device, static_cast<int64_t>(x_example.scalar_type()), M, K, act, bias));
   return found != g_recipes.end() && valid(*found->second);
 }
 
@@ -236,8 +260,8 @@ int64_t recipe_count() { return static_cast<int64_t>(g_recipes.size()); }
 // The registered recipe's output [..., N] in x's dtype for this call, or None (the Python path): x CUDA on
 // `device` (the current one), contiguous, 16-byte aligned, not asking for a gradient; bias None or a
 // contiguous [N] tensor of the recipe's bias dtype (the caller's copy). A failed launch: (step index, CUresult).
-py::object run_recipe(const at::Tensor& x, const at::Tensor& weight, py::handle bias_obj, int64_t act, int64_t device,
-                      int64_t stream) {
+py::object run_recipe(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale, py::handle offset_obj,
+                      py::handle bias_obj, int64_t act, int64_t device, int64_t stream) {
   if (g_launch == nullptr || x.get_device() != device || x.dim() < 1 || !x.is_contiguous() || !no_grad_wanted(x) ||
       reinterpret_cast<uint64_t>(x.data_ptr()) % 16)
     return py::none();
@@ -249,7 +273,10 @@ py::object run_recipe(const at::Tensor& x, const at::Tensor& weight, py::handle 
     if (!THPVariable_Check(bias_obj.ptr())) return py::none();
     bias = THPVariable_Unpack(bias_obj.ptr());
   }
-  auto found = g_recipes.find(key_of(weight, device, static_cast<int64_t>(x.scalar_type()), M, K, act, bias.defined()));
+  const c10::TensorImpl* offset;
+  if (!impl_of(offset_obj, offset)) return py::none();
+  auto found = g_recipes.find(
+      key_of(weight, scale, offset, device, static_cast<int64_t>(x.scalar_type()), M, K, act, bias.defined()));
   if (found == g_recipes.end()) return py::none();
   const Recipe& r = *found->second;
   if (r.steps.empty() || version_of(weight) != r.version || !valid(r)) return py::none();

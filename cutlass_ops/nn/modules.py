@@ -283,12 +283,13 @@ class QuantLinear(_QuantModule):
             b = self._buffers
             if b["perm"] is None:
                 if mode == "weight_only":  # the recorded launches (cutlass_ops.recipes); bias in x's dtype
-                    out = recipes.run(x, b["qweight"], b["bias"], self.act)
+                    out = recipes.run(x, b["qweight"], b["scale"], b["offset"], b["bias"], self.act)
                 elif mode == "w8a8_channel":  # quantize per token + the dequant GEMM
                     out = (_channel_run or _bind_channel_run())(x, b["qweight"], b["scale"], b["bias"], self.act)
                 elif self.block_scaled or self.path == "fused":  # the recorded launches, bias as float32
                     bias = b["bias"]
-                    out = recipes.run(x, b["qweight"], None if bias is None else float32_copy(bias), self.act)
+                    out = recipes.run(x, b["qweight"], b["scale"], b["offset"],
+                                      None if bias is None else float32_copy(bias), self.act)
                 else:
                     out = None
                 if out is not None:
@@ -328,11 +329,12 @@ class QuantLinear(_QuantModule):
     def _recorded(self, x: torch.Tensor, python_path, recipe_builder, **kwargs) -> torch.Tensor:
         """An eager CUDA call of a mode whose launches the C++ side replays (:mod:`cutlass_ops.recipes`,
         tried first in :meth:`forward`): the Python path, whose problem is then recorded for the next call."""
-        qweight, bias = self._buffers["qweight"], self._buffers["bias"]
-        weight = self.weight()
+        b = self._buffers
+        bias, weight = b["bias"], self.weight()
         out = python_path(x, weight, bias, self.act, **kwargs)
-        if self.perm is None:
-            recipes.register(x, qweight, bias is not None, self.act, recipe_builder(weight, self.act, bias is not None))
+        if b["perm"] is None:
+            recipes.register(x, b["qweight"], b["scale"], b["offset"], bias is not None, self.act,
+                             recipe_builder(weight, self.act, bias is not None))
         return out
 
     def spec(self) -> dict:

@@ -63,8 +63,12 @@ def _replay_bias(q: QuantLinear):
     return None if bias is None else bias if q.mode == "weight_only" else float32_copy(bias)
 
 
+def _run(q: QuantLinear, x: torch.Tensor, bias, act: int) -> torch.Tensor | None:
+    return recipes.run(x, q.qweight, q.scale, q.offset, bias, act)
+
+
 def _replay(q: QuantLinear, x: torch.Tensor) -> torch.Tensor | None:
-    return recipes.run(x, q.qweight, _replay_bias(q), q.act)
+    return _run(q, x, _replay_bias(q), q.act)
 
 
 def _recordable(q: QuantLinear, x: torch.Tensor) -> bool:
@@ -117,8 +121,8 @@ def test_what_was_not_recorded_goes_to_python(mode):
         assert _replay(q, x) is not None
         assert _replay(q, x[:3]) is None                                # another M
         assert _replay(q, x.to(torch.bfloat16)) is None                 # another dtype
-        assert recipes.run(x, q.qweight, None, q.act) is None           # without the bias
-        assert recipes.run(x, q.qweight, _replay_bias(q), 1) is None  # another activation
+        assert _run(q, x, None, q.act) is None                          # without the bias
+        assert _run(q, x, _replay_bias(q), 1) is None                   # another activation
         wide = torch.randn(4, 1024, dtype=torch.float16, device="cuda")
         assert _replay(q, wide[:, :512]) is None                        # not contiguous
         flat = torch.randn(4 * 512 + 1, dtype=torch.float16, device="cuda")
@@ -141,6 +145,25 @@ def test_in_place_change_of_the_weight_goes_back_to_python(mode):
         assert torch.equal(after, _python_path(q, x))
         assert not torch.equal(after, before)
         assert torch.equal(_replay(q, x), after)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_replaced_scale_tensor_goes_back_to_python(mode):
+    """The scale buffer replaced by another tensor (not changed in place) while the old one stays alive: the
+    recipe recorded with the old one must not run."""
+    q = _layer(mode, 256, 512, torch.float16, False)
+    x = torch.randn(2, 512, dtype=torch.float16, device="cuda")
+    with torch.no_grad():
+        q(x)
+        before = _replay(q, x)
+        assert before is not None
+        old = q.scale
+        q._buffers["scale"] = old * 2
+        assert _replay(q, x) is None
+        after = q(x)
+        assert torch.equal(after, _python_path(q, x)) and not torch.equal(after, before)
+        assert torch.equal(_replay(q, x), after)
+        assert old.abs().sum() > 0  # kept alive to the end
 
 
 @pytest.mark.parametrize("mode", MODES)
