@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 HOST_DIR = Path(__file__).resolve().parent / "host"
 SOURCE = HOST_DIR / "int8_gemm_launch.cpp"  # the module's definition (PYBIND11_MODULE)
 SOURCES = (SOURCE, HOST_DIR / "recipe_launch.cpp")  # compiled
-HEADERS = (HOST_DIR / "recipe_launch.h",)  # included: part of what a build is made from
+HEADERS = (HOST_DIR / "launch_config.h", HOST_DIR / "recipe_launch.h")  # included: part of what a build is made from
 EXT_NAME = "cutlass_ops_int8_gemm_launch"  # the module name (PyInit_<name>) and the library's stem
 _CFLAGS = ("-O3", "-std=c++17")
 _lock = threading.Lock()

@@ -14,6 +14,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/extension.h>
 
+#include "launch_config.h"
 #include "recipe_launch.h"
 
 #include <cuda.h>
@@ -213,30 +214,7 @@ void register_state(int64_t plan_id, int64_t M, int64_t N, int64_t K, int64_t no
     s->words.emplace_back(static_cast<int>(word), static_cast<int>(slot));
   }
   s->function = reinterpret_cast<CUfunction>(function);
-  unsigned n_attrs = 0;
-  if (cluster[0] * cluster[1] * cluster[2] != 1) {
-    s->attrs[n_attrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    s->attrs[n_attrs].value.clusterDim.x = static_cast<unsigned>(cluster[0]);
-    s->attrs[n_attrs].value.clusterDim.y = static_cast<unsigned>(cluster[1]);
-    s->attrs[n_attrs].value.clusterDim.z = static_cast<unsigned>(cluster[2]);
-    ++n_attrs;
-  }
-  if (pdl) {
-    s->attrs[n_attrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    s->attrs[n_attrs].value.programmaticStreamSerializationAllowed = 1;
-    ++n_attrs;
-  }
-  CUlaunchConfig& c = s->config;
-  c.gridDimX = static_cast<unsigned>(grid[0]);
-  c.gridDimY = static_cast<unsigned>(grid[1]);
-  c.gridDimZ = static_cast<unsigned>(grid[2]);
-  c.blockDimX = static_cast<unsigned>(block[0]);
-  c.blockDimY = static_cast<unsigned>(block[1]);
-  c.blockDimZ = static_cast<unsigned>(block[2]);
-  c.sharedMemBytes = static_cast<unsigned>(smem);
-  c.hStream = nullptr;
-  c.attrs = n_attrs ? s->attrs : nullptr;
-  c.numAttrs = n_attrs;
+  fill_launch_config(s->config, s->attrs, grid, block, smem, cluster, pdl);
   Plan& plan = *g_plans[plan_id];
   auto& states = plan.states;
   if (states.size() >= kShapesKept) {

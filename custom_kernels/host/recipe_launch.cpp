@@ -16,6 +16,8 @@
 // or stale memory.
 #include "recipe_launch.h"
 
+#include "launch_config.h"
+
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cuda.h>
@@ -154,30 +156,7 @@ std::unique_ptr<Step> make_step(const py::tuple& s) {
                                   static_cast<uint64_t>(cols), static_cast<uint32_t>(box_rows),
                                   static_cast<uint32_t>(box_cols)});
   }
-  unsigned n_attrs = 0;
-  if (cluster[0] * cluster[1] * cluster[2] != 1) {
-    step->attrs[n_attrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    step->attrs[n_attrs].value.clusterDim.x = static_cast<unsigned>(cluster[0]);
-    step->attrs[n_attrs].value.clusterDim.y = static_cast<unsigned>(cluster[1]);
-    step->attrs[n_attrs].value.clusterDim.z = static_cast<unsigned>(cluster[2]);
-    ++n_attrs;
-  }
-  if (s[5].cast<bool>()) {
-    step->attrs[n_attrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    step->attrs[n_attrs].value.programmaticStreamSerializationAllowed = 1;
-    ++n_attrs;
-  }
-  CUlaunchConfig& c = step->config;
-  std::memset(&c, 0, sizeof(c));
-  c.gridDimX = static_cast<unsigned>(grid[0]);
-  c.gridDimY = static_cast<unsigned>(grid[1]);
-  c.gridDimZ = static_cast<unsigned>(grid[2]);
-  c.blockDimX = static_cast<unsigned>(block[0]);
-  c.blockDimY = static_cast<unsigned>(block[1]);
-  c.blockDimZ = static_cast<unsigned>(block[2]);
-  c.sharedMemBytes = static_cast<unsigned>(s[3].cast<int64_t>());
-  c.attrs = n_attrs ? step->attrs : nullptr;
-  c.numAttrs = n_attrs;
+  fill_launch_config(step->config, step->attrs, grid, block, s[3].cast<int64_t>(), cluster, s[5].cast<bool>());
   return step;
 }
 

@@ -132,25 +132,10 @@ def test_what_was_not_recorded_goes_to_python(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_in_place_change_of_the_weight_goes_back_to_python(mode):
-    q = _layer(mode, 256, 512, torch.float16, False)
-    x = torch.randn(2, 512, dtype=torch.float16, device="cuda")
-    with torch.no_grad():
-        q(x)
-        before = _replay(q, x)
-        assert before is not None
-        q.scale.mul_(2)  # the scales only: the replay's prepared weight data would be stale
-        assert _replay(q, x) is None
-        after = q(x)  # Python: plans rebuilt, then recorded again
-        assert torch.equal(after, _python_path(q, x))
-        assert not torch.equal(after, before)
-        assert torch.equal(_replay(q, x), after)
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_a_replaced_scale_tensor_goes_back_to_python(mode):
-    """The scale buffer replaced by another tensor (not changed in place) while the old one stays alive: the
-    recipe recorded with the old one must not run."""
+@pytest.mark.parametrize("change", ["in place", "replaced"])
+def test_a_changed_scale_goes_back_to_python(mode, change):
+    """The scales changed in place (the replay's prepared weight data would be stale), or the scale buffer
+    replaced by another tensor while the old one stays alive (the recipe recorded with it must not run)."""
     q = _layer(mode, 256, 512, torch.float16, False)
     x = torch.randn(2, 512, dtype=torch.float16, device="cuda")
     with torch.no_grad():
@@ -158,12 +143,15 @@ def test_a_replaced_scale_tensor_goes_back_to_python(mode):
         before = _replay(q, x)
         assert before is not None
         old = q.scale
-        q._buffers["scale"] = old * 2
+        if change == "in place":
+            q.scale.mul_(2)
+        else:
+            q._buffers["scale"] = old * 2
         assert _replay(q, x) is None
-        after = q(x)
+        after = q(x)  # Python: plans rebuilt, then recorded again
         assert torch.equal(after, _python_path(q, x)) and not torch.equal(after, before)
         assert torch.equal(_replay(q, x), after)
-        assert old.abs().sum() > 0  # kept alive to the end
+        assert old.abs().sum() > 0  # the old scale tensor is alive to the end
 
 
 @pytest.mark.parametrize("mode", MODES)

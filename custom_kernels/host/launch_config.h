@@ -1,0 +1,38 @@
+// The CUlaunchConfig of one launch shape, shared by the C++ per-call paths (int8_gemm_launch.cpp,
+// recipe_launch.cpp): grid, block, dynamic shared memory and the launch attributes (a thread-block cluster,
+// programmatic dependent launch) as custom_kernels/launch.py builds them. hStream is set per call.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+inline void fill_launch_config(CUlaunchConfig& c, CUlaunchAttribute (&attrs)[2], const std::vector<int64_t>& grid,
+                               const std::vector<int64_t>& block, int64_t smem, const std::vector<int64_t>& cluster,
+                               bool pdl) {
+  unsigned n_attrs = 0;
+  if (cluster[0] * cluster[1] * cluster[2] != 1) {
+    attrs[n_attrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[n_attrs].value.clusterDim.x = static_cast<unsigned>(cluster[0]);
+    attrs[n_attrs].value.clusterDim.y = static_cast<unsigned>(cluster[1]);
+    attrs[n_attrs].value.clusterDim.z = static_cast<unsigned>(cluster[2]);
+    ++n_attrs;
+  }
+  if (pdl) {
+    attrs[n_attrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[n_attrs].value.programmaticStreamSerializationAllowed = 1;
+    ++n_attrs;
+  }
+  std::memset(&c, 0, sizeof(c));
+  c.gridDimX = static_cast<unsigned>(grid[0]);
+  c.gridDimY = static_cast<unsigned>(grid[1]);
+  c.gridDimZ = static_cast<unsigned>(grid[2]);
+  c.blockDimX = static_cast<unsigned>(block[0]);
+  c.blockDimY = static_cast<unsigned>(block[1]);
+  c.blockDimZ = static_cast<unsigned>(block[2]);
+  c.sharedMemBytes = static_cast<unsigned>(smem);
+  c.attrs = n_attrs ? attrs : nullptr;
+  c.numAttrs = n_attrs;
+}
