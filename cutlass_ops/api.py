@@ -24,7 +24,7 @@ from cutlass_ops import torch_ops  # noqa: F401  (registers torch.ops.cutlass_op
 from cutlass_ops.formats import (
     QuantizedWeight, quantize_activation_reference, quantize_conv_weight, quantize_weight,
 )
-from cutlass_ops import act_order, plan_cache
+from cutlass_ops import act_order, plan_cache, recipes
 from cutlass_ops.finite_check import check_finite_once, check_per_col_inputs
 from cutlass_ops.w8a8 import PATHS as W8A8_PATHS  # the family's own list (importing it loads no GPU code)
 
@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 # The function object itself: Dynamo knows it (True while tracing), and a module-level name saves
 # the attribute lookups on the eager per-call path.
 _is_compiling = torch.compiler.is_compiling
+# linear's eager fast path: the activation codes parse_activation accepts that it can look up without checks
+_ACT_CODES = {None: 0, "none": 0, "relu": 1, "relu6": 2, 0: 0, 1: 1, 2: 2}
+_ACT_TYPES = (type(None), str, int)  # not bool: True == 1 as a key, and parse_activation refuses it
+_BLOCK_SCALED_MODULE = "cutlass_ops.w8a8.block_scaled"  # BlockScaledWeight's (imported on first use only)
 
 __all__ = [
     "QuantizedWeight", "quantize_weight", "quantize_conv_weight", "quantize_activation", "linear",
@@ -93,6 +97,23 @@ def _check_devices(function: str, primary_name: str, primary: torch.Tensor,
             if t is not None and t.device != primary.device:
                 raise ValueError(f"qw.{field} is on {t.device} but {primary_name} is on {primary.device}; "
                                  f"move the weight with qw.to({primary_name}.device)")
+
+
+def _replayed(x, qweight: torch.Tensor, scale: torch.Tensor, offset, bias, activation,
+              bias32: bool = False) -> torch.Tensor | None:
+    """An eager call's output from the extension's replay of its problem's launches (:mod:`cutlass_ops.recipes`,
+    recorded after the problem's first call through the checked path), or None: anything not plain (a CPU,
+    traced or subclassed tensor, an activation to parse, an input wanting a gradient, an unrecorded problem)
+    takes the checked path, which raises or records. ``bias32``: the family reads the bias as float32 (the
+    W8A8 ones: its kept copy, ``plan_cache.float32_copy``), else in x's dtype."""
+    if x.__class__ is not torch.Tensor or not x.is_cuda or _is_compiling():
+        return None
+    act = _ACT_CODES.get(activation) if activation.__class__ in _ACT_TYPES else None
+    if act is None or (bias is not None and bias.__class__ is not torch.Tensor):
+        return None
+    if bias32 and bias is not None:
+        bias = plan_cache.float32_copy(bias)
+    return recipes.run(x, qweight, scale, offset, bias, act)
 
 
 def _through_op(x: torch.Tensor, bias, qw=None) -> bool:
@@ -159,6 +180,10 @@ def linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = Non
     small-M GEMV runs as the programmatic dependent of its gather kernel (the weight stream overlaps the
     gather); elsewhere x is gathered first. Its range is checked once per tensor and version.
     """
+    if perm is None and qw.__class__ is QuantizedWeight:
+        out = _replayed(x, qw.qweight, qw.scale, qw.offset, bias, activation)  # eager, once recorded
+        if out is not None:
+            return out
     _check_qw(qw)
     check_dtype(x, "x", FLOAT_DTYPES)
     _check_last_dim(x, "x", qw.K)
@@ -177,12 +202,17 @@ def linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = Non
     if x.dim() == 2:  # the common case: no reshapes (each costs ~1.5 us of host time)
         if x.shape[0] == 0:
             return x.new_empty(0, qw.N)
-        return linear_weight_only(x.contiguous(), qw, None if bias is None else bias.contiguous(), act, perm=perm)
-    x2d = x.reshape(-1, qw.K).contiguous()
-    if x2d.shape[0] == 0:
-        return x.new_empty(*x.shape[:-1], qw.N)
-    out = linear_weight_only(x2d, qw, None if bias is None else bias.contiguous(), act, perm=perm)
-    return out.reshape(*x.shape[:-1], qw.N)
+        out = linear_weight_only(x.contiguous(), qw, None if bias is None else bias.contiguous(), act, perm=perm)
+    else:
+        x2d = x.reshape(-1, qw.K).contiguous()
+        if x2d.shape[0] == 0:
+            return x.new_empty(*x.shape[:-1], qw.N)
+        out = linear_weight_only(x2d, qw, None if bias is None else bias.contiguous(), act,
+                                 perm=perm).reshape(*x.shape[:-1], qw.N)
+    if perm is None and x.is_cuda:
+        recipes.register(x, qw.qweight, qw.scale, qw.offset, bias is not None, act,
+                         recipes.weight_only_recipe(qw, act, bias is not None))
+    return out
 
 
 def conv2d(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = None, stride=1, padding=0,
@@ -221,6 +251,10 @@ def linear_w8a8(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None 
     path: "fused" (one kernel), "orchestrator" (per-block CUTLASS GEMMs) or "literal" (the
     documents' kernels one by one). x [..., K] -> [..., N].
     """
+    if path == "fused" and qw.__class__ is QuantizedWeight:
+        out = _replayed(x, qw.qweight, qw.scale, qw.offset, bias, activation, bias32=True)  # eager, once recorded
+        if out is not None:
+            return out
     _check_qw(qw)
     if qw.bits != 8:
         raise ValueError(f"qw must be an int8 weight (bits=8) for linear_w8a8, got bits={qw.bits}")
@@ -238,6 +272,9 @@ def linear_w8a8(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None 
         return x.new_empty(*x.shape[:-1], qw.N)
     from cutlass_ops.w8a8 import linear_w8a8 as _impl
     out = _impl(x2d, qw, None if bias is None else bias.contiguous(), act, path=path)
+    if path == "fused":
+        recipes.register(x, qw.qweight, qw.scale, qw.offset, bias is not None, act,
+                         recipes.w8a8_block_recipe(qw, act, bias is not None))
     return out.reshape(*x.shape[:-1], qw.N)
 
 
@@ -267,6 +304,10 @@ def linear_w8a8_block_scaled(x: torch.Tensor, qw: BlockScaledWeight, bias: torch
     on x's device. Other GPUs raise ValueError (the kernel is Hopper's wgmma); the float64 reference is
     ``cutlass_ops.w8a8.block_scaled.linear_block_scaled_reference``.
     """
+    if type(qw).__name__ == "BlockScaledWeight" and type(qw).__module__ == _BLOCK_SCALED_MODULE:
+        out = _replayed(x, qw.qweight, qw.scale, None, bias, activation, bias32=True)  # eager, once recorded
+        if out is not None:
+            return out
     _check_block_scaled(qw)
     check_dtype(x, "x", FLOAT_DTYPES)
     _check_last_dim(x, "x", qw.K)
@@ -280,7 +321,10 @@ def linear_w8a8_block_scaled(x: torch.Tensor, qw: BlockScaledWeight, bias: torch
     if x2d.shape[0] == 0:
         return x.new_empty(*x.shape[:-1], qw.N)
     from cutlass_ops.w8a8.block_scaled import linear_w8a8_block_scaled as _impl
-    return _impl(x2d, qw, bias, act).reshape(*x.shape[:-1], qw.N)
+    out = _impl(x2d, qw, bias, act)
+    recipes.register(x, qw.qweight, qw.scale, None, bias is not None, act,
+                     recipes.block_scaled_recipe(qw, act, bias is not None))
+    return out.reshape(*x.shape[:-1], qw.N)
 
 
 def _gemm_impl():

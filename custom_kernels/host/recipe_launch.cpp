@@ -253,7 +253,9 @@ py::object run_recipe(const at::Tensor& x, const at::Tensor& weight, const at::T
     bias = THPVariable_Unpack(bias_obj.ptr());
   }
   const c10::TensorImpl* offset;
-  if (!impl_of(offset_obj, offset)) return py::none();
+  if (!impl_of(offset_obj, offset) || !no_grad_wanted(scale) ||
+      (offset != nullptr && !no_grad_wanted(THPVariable_Unpack(offset_obj.ptr()))))
+    return py::none();  // a gradient of the weight is asked for: Python's autograd op raises
   auto found = g_recipes.find(
       key_of(weight, scale, offset, device, static_cast<int64_t>(x.scalar_type()), M, K, act, bias.defined()));
   if (found == g_recipes.end()) return py::none();

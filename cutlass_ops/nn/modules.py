@@ -39,10 +39,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from cutlass_ops import api, recipes
+from cutlass_ops import api
 from cutlass_ops._validate import ACTIVATIONS, FLOAT_DTYPES, check_dtype, check_int, parse_activation, parse_pair
 from cutlass_ops.formats import QuantizedWeight, packed_K
-from cutlass_ops.plan_cache import float32_copy
 from cutlass_ops.torch_ops import linear_w8a8_channel_impl
 
 if TYPE_CHECKING:
@@ -277,38 +276,27 @@ class QuantLinear(_QuantModule):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mode = self.mode
-        if x.is_cuda and not _is_compiling():
-            # eager: one C++ call once the Python path below has run this layer's shape; None for anything
-            # else (then that path raises, or registers the shape)
+        if mode == "w8a8_channel" and x.is_cuda and not _is_compiling():
+            # eager: one C++ call (quantize per token + the dequant GEMM) once the Python path below has
+            # run this layer's shape; None for anything else (then that path raises or registers)
             b = self._buffers
             if b["perm"] is None:
-                if mode == "weight_only":  # the recorded launches (cutlass_ops.recipes); bias in x's dtype
-                    out = recipes.run(x, b["qweight"], b["scale"], b["offset"], b["bias"], self.act)
-                elif mode == "w8a8_channel":  # quantize per token + the dequant GEMM
-                    out = (_channel_run or _bind_channel_run())(x, b["qweight"], b["scale"], b["bias"], self.act)
-                elif self.block_scaled or self.path == "fused":  # the recorded launches, bias as float32
-                    bias = b["bias"]
-                    out = recipes.run(x, b["qweight"], b["scale"], b["offset"],
-                                      None if bias is None else float32_copy(bias), self.act)
-                else:
-                    out = None
+                out = (_channel_run or _bind_channel_run())(x, b["qweight"], b["scale"], b["bias"], self.act)
                 if out is not None:
                     return out
         perm = self.perm
         if x.is_cuda and not torch.compiler.is_compiling() and mode == "weight_only":
-            if perm is None:
-                return self._recorded(x, api.linear, recipes.weight_only_recipe)
             # act-order: the small-M kernel reads x through perm (no gather kernel)
             return api.linear(x, self.weight(), self.bias, self.act, perm=perm)
         if perm is not None:  # act-order: gather x's K columns into the weight's order
             x = self._gather(x, perm)
+        # the API functions below replay an eager problem's recorded launches in C++ once it has run
+        # (cutlass_ops.recipes)
         if x.is_cuda and not torch.compiler.is_compiling():
             if self.mode == "w8a8_block":
-                if self.path != "fused":
-                    return api.linear_w8a8(x, self.weight(), self.bias, self.act, path=self.path)
-                return self._recorded(x, api.linear_w8a8, recipes.w8a8_block_recipe, path=self.path)
+                return api.linear_w8a8(x, self.weight(), self.bias, self.act, path=self.path)
             if self.block_scaled:
-                return self._recorded(x, api.linear_w8a8_block_scaled, recipes.block_scaled_recipe)
+                return api.linear_w8a8_block_scaled(x, self.weight(), self.bias, self.act)
         self._check_input(x)
         if x.shape[-1] != self.in_features:
             raise ValueError(f"x must have shape [..., K] with K={self.in_features} (in_features), got "
@@ -325,17 +313,6 @@ class QuantLinear(_QuantModule):
         if self.mode == "weight_only":
             return ops.linear(*args, self.bits, self.block_size, self.N, self.K, bias, self.act)
         return ops.linear_w8a8(*args, self.block_size, self.N, self.K, bias, self.act, self.path)
-
-    def _recorded(self, x: torch.Tensor, python_path, recipe_builder, **kwargs) -> torch.Tensor:
-        """An eager CUDA call of a mode whose launches the C++ side replays (:mod:`cutlass_ops.recipes`,
-        tried first in :meth:`forward`): the Python path, whose problem is then recorded for the next call."""
-        b = self._buffers
-        bias, weight = b["bias"], self.weight()
-        out = python_path(x, weight, bias, self.act, **kwargs)
-        if b["perm"] is None:
-            recipes.register(x, b["qweight"], b["scale"], b["offset"], bias is not None, self.act,
-                             recipe_builder(weight, self.act, bias is not None))
-        return out
 
     def spec(self) -> dict:
         """The constructor arguments that rebuild this module (``from_spec``), as plain data."""

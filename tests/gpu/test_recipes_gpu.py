@@ -129,6 +129,30 @@ def test_what_was_not_recorded_goes_to_python(mode):
         assert _replay(q, flat[1:].view(4, 512)) is None                # not 16-byte aligned
     xg = x.clone().requires_grad_()
     assert _replay(q, xg) is None                                       # a gradient is wanted
+    q.scale.requires_grad_(True)
+    assert _replay(q, x) is None                                        # ... of the weight: autograd raises
+    q.scale.requires_grad_(False)
+    with torch.no_grad():
+        assert _replay(q, x) is not None
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_functional_linear_replays_too(bits):
+    """cutlass_ops.linear on a QuantizedWeight: its second eager call of a problem is the replay, and a
+    QuantizedWeight made afresh over the same tensors finds the same recipe."""
+    import cutlass_ops
+    from cutlass_ops.formats import QuantizedWeight
+
+    torch.manual_seed(bits)
+    qw = cutlass_ops.quantize_weight(torch.randn(320, 512, device="cuda"), bits=bits, block_size=128)
+    bias = torch.randn(320, dtype=torch.float16, device="cuda")
+    x = torch.randn(3, 512, dtype=torch.float16, device="cuda")
+    with torch.no_grad():
+        first = cutlass_ops.linear(x, qw, bias, "relu")
+        out = recipes.run(x, qw.qweight, qw.scale, qw.offset, bias, 1)
+        assert out is not None and torch.equal(out, first)
+        again = QuantizedWeight(qw.qweight, qw.scale, qw.offset, qw.bits, qw.block_size, qw.N, qw.K)
+        assert torch.equal(cutlass_ops.linear(x, again, bias, "relu"), first)
 
 
 @pytest.mark.parametrize("mode", MODES)
