@@ -13,21 +13,17 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import shutil
 import subprocess
 import sys
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
 
 from custom_kernels import device, libcuda
-from custom_kernels.cuda_paths import cuda_include_dirs
 from custom_kernels.device import CudaDriverError, check
 from custom_kernels.launch import I32, KernelArgs, LaunchConfig, LaunchShape, Module, Ptr
 
 ROOT = Path(__file__).resolve().parents[1]
-STUB = ROOT / "tests" / "host_emu" / "libcuda_stub.c"
 
 # ------------------------------------------------------------------------------------------------
 # the first call's imports
@@ -156,38 +152,6 @@ def test_constants_are_cuda_h_values():
 CONTEXT_BASE = 0x7F00_0000_0000
 MODULE_BASE = 0x7E00_0000_0000
 IMAGE = b"\x7fELF\x2a" + bytes(59)  # the stub's module handle shows the fifth byte
-
-
-@pytest.fixture(scope="module")
-def stub_library(tmp_path_factory) -> Path:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("needs a C compiler")
-    headers = [d for d in cuda_include_dirs() if (Path(d) / "cuda.h").is_file()]
-    if not headers:
-        pytest.skip("needs the CUDA headers (cuda.h)")
-    out = tmp_path_factory.mktemp("libcuda_stub") / "libcuda_stub.so"
-    cmd = [cc, "-std=c11", "-shared", "-fPIC", "-O1", "-Wall", "-Werror", f"-I{headers[0]}", str(STUB), "-o", str(out)]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return out
-
-
-@pytest.fixture
-def stub(monkeypatch, stub_library):
-    """custom_kernels.libcuda bound to the stub for one test; what the runtime caches per device is cleared
-    before and after (a real GPU's answers must not mix with the stub's)."""
-    from cutlass_ops.w8a8 import tma
-
-    monkeypatch.setattr(libcuda, "LIBRARY", str(stub_library))
-    monkeypatch.setattr(libcuda, "_library", None)
-    monkeypatch.setattr(libcuda, "_functions", {})
-    monkeypatch.setattr(device, "_contexts", {})
-    monkeypatch.setattr(tma, "_maps", OrderedDict())
-    device.smem_limits.cache_clear()
-    check(libcuda.cuCtxSetCurrent(0), "cuCtxSetCurrent")  # the stub's thread state: no context current
-    yield
-    device.smem_limits.cache_clear()
 
 
 def test_errors_are_decoded_by_the_driver(stub):
