@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import torch
 
-from cutlass_ops import quantizers
 from cutlass_ops._validate import (
     FLOAT_DTYPES, check_bits, check_block_size, check_dtype, check_int, check_int4_K, check_ndim,
     check_shape, check_tensor,
@@ -256,6 +255,8 @@ def _check_weight_values(w: torch.Tensor, name: str) -> None:
 
 def _quantize(w_nk: torch.Tensor, bits: int, block_size: int, symmetric: bool, method, calibration,
               options):
+    from cutlass_ops import quantizers  # the methods (GPTQ, HQQ, ...): loaded by the first quantization
+
     q, scale, offset = quantizers.quantize(w_nk, bits=bits, block_size=block_size, symmetric=symmetric,
                                            method=method, calibration=calibration, options=options)
     for name, t in (("scale", scale), ("offset", offset)):

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from cutlass_ops import formats
+from cutlass_ops import quantizers
 from cutlass_ops.formats import QuantizedWeight, quantize_conv_weight, quantize_weight
 
 pytestmark = pytest.mark.gpu
@@ -204,13 +204,13 @@ def test_argument_errors_come_second_as_on_the_cpu(kernel_calls):
 
 def test_the_default_method_runs_the_kernel_and_the_others_torch(monkeypatch, kernel_calls):
     calls = []
-    real = formats.quantizers.quantize
+    real = quantizers.quantize
 
     def spy(*args, **kwargs):
         calls.append(kwargs["method"])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(formats.quantizers, "quantize", spy)
+    monkeypatch.setattr(quantizers, "quantize", spy)  # formats looks it up per call
     w = torch.randn(8, 128).cuda()
     quantize_weight(w, bits=4)
     quantize_weight(w, bits=8, method="minmax", options={})
