@@ -1,10 +1,10 @@
-"""The C++ replay of a quantized layer's eager call (``custom_kernels.recipe``): the weight-only layer (its
-GEMV plans, M <= 64), the W8A8 per-K-block layer (fused path) and the block-scaled W8A8 layer.
+"""The C++ replay of a quantized linear's eager call (``custom_kernels.recipe``): ``cutlass_ops.linear`` (its
+GEMV plans, M <= 64), ``linear_w8a8`` (fused path) and ``linear_w8a8_block_scaled``, and so ``QuantLinear``.
 
-``QuantLinear.forward`` first offers the call to :func:`run`, which answers None until the layer's Python path
-has run a problem of this shape (weight, device, x dtype, M, K, activation, bias or not); after that Python
-call, :func:`register` records that problem's launches (the family's ``recipe``: the same plans and fields
-the Python path used) and hands them to the extension. From then on the call is one C++ call: check x,
+The API function first offers the call to :func:`run`, which answers None until its checked path has run a
+problem of this shape (weight tensors, device, x dtype, M, K, activation, bias or not); after that call,
+:func:`register` records that problem's launches (the family's ``recipe``: the same plans and fields the
+checked path used) and hands them to the extension. From then on the call is one C++ call: check x,
 allocate the output and one workspace, patch the addresses in, launch. Anything else (a gradient wanted, a
 non-contiguous or misaligned x, another device than the current one, a weight changed in place, a prepared
 weight tensor dropped by the plan cache) comes back as None and takes the Python path, which raises the
