@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 HOST_DIR = Path(__file__).resolve().parent / "host"
 SOURCE = HOST_DIR / "int8_gemm_launch.cpp"  # the module's definition (PYBIND11_MODULE)
 SOURCES = (SOURCE, HOST_DIR / "recipe_launch.cpp")  # compiled
-HEADERS = (HOST_DIR / "launch_config.h", HOST_DIR / "recipe_launch.h")  # included: part of what a build is made from
+# included: part of what a build is made from
+HEADERS = (HOST_DIR / "launch_config.h", HOST_DIR / "recipe_launch.h", HOST_DIR / "tensor_refs.h")
 EXT_NAME = "cutlass_ops_int8_gemm_launch"  # the module name (PyInit_<name>) and the library's stem
 _CFLAGS = ("-O3", "-std=c++17")
 _lock = threading.Lock()
@@ -110,10 +111,9 @@ def load() -> ModuleType | None:
             return _module
         try:
             module, where = _load_or_build()
-            launch = ctypes.cast(cu_launch_kernel_ex(), ctypes.c_void_p).value
-            module.set_launch_function(launch)
-            module.set_recipe_functions(launch, ctypes.cast(libcuda.function("cuTensorMapEncodeTiled"),
-                                                            ctypes.c_void_p).value)
+            module.set_launch_function(ctypes.cast(cu_launch_kernel_ex(), ctypes.c_void_p).value)
+            module.set_tensor_map_function(ctypes.cast(libcuda.function("cuTensorMapEncodeTiled"),
+                                                       ctypes.c_void_p).value)
         except _Unavailable as exc:
             _failed = str(exc)
             log.info("C++ launch path unavailable, using the Python path: %s", _failed)

@@ -35,11 +35,13 @@ def ext(stub):
     except host_ext._Unavailable as exc:
         pytest.skip(str(exc))
     address = lambda name: ctypes.cast(libcuda.function(name), ctypes.c_void_p).value
-    module.set_recipe_functions(address("cuLaunchKernelEx"), address("cuTensorMapEncodeTiled"))
+    module.set_launch_function(address("cuLaunchKernelEx"))
+    module.set_tensor_map_function(address("cuTensorMapEncodeTiled"))
     context = check(libcuda.cuDevicePrimaryCtxRetain(check(libcuda.cuDeviceGet(0), "cuDeviceGet")), "retain")
     check(libcuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
     yield SimpleNamespace(module=module, context=context, function=Module(IMAGE, "m").kernel("kern").function(0))
-    module.set_recipe_functions(0, 0)  # no later test may reach the stub through the extension
+    module.set_launch_function(0)  # no later test may reach the stub through the extension
+    module.set_tensor_map_function(0)
     check(libcuda.cuCtxSetCurrent(0), "cuCtxSetCurrent")
 
 

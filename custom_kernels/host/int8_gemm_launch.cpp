@@ -16,6 +16,7 @@
 
 #include "launch_config.h"
 #include "recipe_launch.h"
+#include "tensor_refs.h"
 
 #include <cuda.h>
 
@@ -29,8 +30,6 @@
 
 namespace {
 
-using LaunchKernelEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
-LaunchKernelEx g_launch = nullptr;  // libcuda's cuLaunchKernelEx, handed over by Python
 
 constexpr int kMaxPointers = 16;
 
@@ -105,7 +104,6 @@ std::vector<std::unique_ptr<Plan>>& g_plans = *new std::vector<std::unique_ptr<P
 // Per-output-channel inputs Python found free of NaN / Inf (cutlass_ops/finite_check.py), at the in-place
 // version it checked. The weak reference keeps the TensorImpl's memory (not its storage) alive, so while
 // an entry exists no other tensor can have its address: a hit is the same tensor.
-using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 struct Checked {
   WeakImpl ref;
   int64_t version;
@@ -114,8 +112,6 @@ std::unordered_map<const c10::TensorImpl*, Checked>& g_finite =
     *new std::unordered_map<const c10::TensorImpl*, Checked>();
 constexpr size_t kFiniteKept = 4096;  // as finite_check.KEPT; past that the table starts over
 
-// Inference tensors have no version counter (-1, as plan_cache.version).
-int64_t version_of(const at::Tensor& t) { return t.is_inference() ? -1 : static_cast<int64_t>(t._version()); }
 
 bool finite_checked(const at::Tensor& t) {
   auto hit = g_finite.find(t.unsafeGetTensorImpl());
@@ -364,7 +360,6 @@ std::unordered_map<ChannelKey, std::vector<ChannelGemm>, QuantKeyHash>& g_channe
 
 bool is_token_dtype(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat; }
 
-bool no_grad_wanted(const at::Tensor& t) { return !(t.requires_grad() && at::GradMode::is_enabled()); }
 
 }  // namespace
 

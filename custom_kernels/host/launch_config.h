@@ -1,6 +1,7 @@
-// The CUlaunchConfig of one launch shape, shared by the C++ per-call paths (int8_gemm_launch.cpp,
-// recipe_launch.cpp): grid, block, dynamic shared memory and the launch attributes (a thread-block cluster,
-// programmatic dependent launch) as custom_kernels/launch.py builds them. hStream is set per call.
+// How the C++ per-call paths (int8_gemm_launch.cpp, recipe_launch.cpp) launch: libcuda's cuLaunchKernelEx,
+// handed over by Python once (set_launch_function), on a CUlaunchConfig per launch shape (grid, block, dynamic
+// shared memory and the launch attributes: a thread-block cluster, programmatic dependent launch) as
+// custom_kernels/launch.py builds them. hStream is set per call.
 #pragma once
 
 #include <cuda.h>
@@ -8,6 +9,9 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+using LaunchKernelEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+inline LaunchKernelEx g_launch = nullptr;  // one for the extension (an inline variable: both files see it)
 
 inline void fill_launch_config(CUlaunchConfig& c, CUlaunchAttribute (&attrs)[2], const std::vector<int64_t>& grid,
                                const std::vector<int64_t>& block, int64_t smem, const std::vector<int64_t>& cluster,

@@ -5,8 +5,8 @@
 // Python (custom_kernels/recipe.py) from the same plans its own path launches, with the addresses known
 // only per call (x, the output, the bias, a workspace; TMA maps of them) left as patches. run_recipe checks
 // x, allocates the output and one workspace, patches and launches: one C++ call instead of the Python
-// path's checks, plan lookups, allocations and ctypes launches (the per-K-block W8A8 layer: 50 us of host
-// time per call through Python, about 13 through here; scripts/bench_llama.py --host-only).
+// path's checks, plan lookups, allocations and ctypes launches (QuantLinear's per-K-block W8A8 layer on an
+// H200 host: 50 us of host time per call through Python, 14.6 through here; scripts/bench_llama.py --host-only).
 //
 // As in int8_gemm_launch.cpp, Python keeps every rule and error: run_recipe returns None for anything but
 // the plain case it was registered for (then the Python path runs, raises the precise error or registers).
@@ -17,6 +17,7 @@
 #include "recipe_launch.h"
 
 #include "launch_config.h"
+#include "tensor_refs.h"
 
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -30,12 +31,10 @@
 
 namespace {
 
-using LaunchKernelEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-LaunchKernelEx g_launch = nullptr;  // libcuda's cuLaunchKernelEx, handed over by Python
-EncodeTiled g_encode = nullptr;     // libcuda's cuTensorMapEncodeTiled
+EncodeTiled g_encode = nullptr;  // libcuda's cuTensorMapEncodeTiled, handed over by Python
 
 // Where a patched address comes from (custom_kernels/recipe.py: Source).
 enum Source : int { kX = 0, kOut = 1, kBias = 2, kWorkspace = 3, kSources = 4 };
@@ -65,8 +64,6 @@ struct Step {
   CUlaunchAttribute attrs[2];
   CUlaunchConfig config;
 };
-
-using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 
 struct Recipe {
   explicit Recipe(const at::Tensor& w) : weight(w.getIntrusivePtr()) {}
@@ -110,21 +107,6 @@ constexpr size_t kRecipesKept = 4096;
 std::unordered_map<Key, std::unique_ptr<Recipe>, KeyHash>& g_recipes =
     *new std::unordered_map<Key, std::unique_ptr<Recipe>, KeyHash>();
 
-// Inference tensors have no version counter (-1, as plan_cache.version).
-int64_t version_of(const at::Tensor& t) { return t.is_inference() ? -1 : static_cast<int64_t>(t._version()); }
-
-int64_t version_of(c10::TensorImpl& t) {
-  return t.is_inference() ? -1 : static_cast<int64_t>(t.version_counter().current_version());
-}
-
-// Whether a weakly held tensor is still the one recorded (alive, same in-place version).
-bool unchanged(const WeakImpl& ref, int64_t version) {
-  auto strong = ref.lock();
-  return strong && version_of(*strong) == version;
-}
-
-bool no_grad_wanted(const at::Tensor& t) { return !(t.requires_grad() && at::GradMode::is_enabled()); }
-
 std::unique_ptr<Step> make_step(const py::tuple& s) {
   // (function, grid[3], block[3], smem, cluster[3], pdl, params bytes, field offsets, patches, maps)
   TORCH_CHECK(s.size() == 10, "register_recipe: a step is a 10-tuple");
@@ -149,8 +131,9 @@ std::unique_ptr<Step> make_step(const py::tuple& s) {
   for (const py::handle& m : s[9].cast<py::list>()) {
     const auto t = m.cast<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>>();
     const auto [offset, source, addend, rows, cols, box_rows, box_cols] = t;
-    TORCH_CHECK(offset >= 0 && offset + static_cast<int64_t>(sizeof(CUtensorMap)) <= static_cast<int64_t>(bytes.size()) &&
-                    source >= 0 && source < kSources && rows > 0 && cols > 0 && box_rows > 0 && box_cols > 0,
+    const int64_t size = static_cast<int64_t>(bytes.size()), map_bytes = static_cast<int64_t>(sizeof(CUtensorMap));
+    TORCH_CHECK(offset >= 0 && offset + map_bytes <= size && source >= 0 && source < kSources && rows > 0 &&
+                    cols > 0 && box_rows > 0 && box_cols > 0,
                 "register_recipe: bad tensor map patch");
     step->maps.push_back(MapPatch{offset, static_cast<int>(source), addend, static_cast<uint64_t>(rows),
                                   static_cast<uint64_t>(cols), static_cast<uint32_t>(box_rows),
@@ -185,10 +168,7 @@ Key key_of(const at::Tensor& weight, const at::Tensor& scale, const c10::TensorI
 
 }  // namespace
 
-void set_recipe_functions(int64_t launch, int64_t encode) {
-  g_launch = reinterpret_cast<LaunchKernelEx>(launch);
-  g_encode = reinterpret_cast<EncodeTiled>(encode);
-}
+void set_tensor_map_function(int64_t address) { g_encode = reinterpret_cast<EncodeTiled>(address); }
 
 // Record the launches of one problem (cutlass_ops/recipes.py: register). `keep`: the tensors the argument
 // blocks point at, checked alive and unchanged at every call. No steps: the problem is known to have no recipe
@@ -260,7 +240,7 @@ py::object run_recipe(const at::Tensor& x, const at::Tensor& weight, const at::T
       key_of(weight, scale, offset, device, static_cast<int64_t>(x.scalar_type()), M, K, act, bias.defined()));
   if (found == g_recipes.end()) return py::none();
   const Recipe& r = *found->second;
-  if (r.steps.empty() || version_of(weight) != r.version || !valid(r)) return py::none();
+  if (r.steps.empty() || !valid(r)) return py::none();
   if (bias.defined() && (bias.scalar_type() != r.bias_dtype || !bias.is_contiguous() || bias.numel() != r.N ||
                          bias.get_device() != device || !no_grad_wanted(bias) ||
                          reinterpret_cast<uint64_t>(bias.data_ptr()) % 16))
@@ -288,8 +268,8 @@ py::object run_recipe(const at::Tensor& x, const at::Tensor& weight, const at::T
       CUtensorMap map;
       const cuuint64_t dims[2] = {m.cols, m.rows}, strides[1] = {m.cols};  // innermost first
       const cuuint32_t box[2] = {m.box_cols, m.box_rows}, element_strides[2] = {1, 1};
-      CUresult err = g_encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2,
-                              reinterpret_cast<void*>(sources[m.source] + m.addend), dims, strides, box, element_strides,
+      void* address = reinterpret_cast<void*>(sources[m.source] + m.addend);
+      CUresult err = g_encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, address, dims, strides, box, element_strides,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
       if (err != CUDA_SUCCESS) return py::make_tuple(static_cast<int>(i), static_cast<int>(err));
@@ -303,7 +283,7 @@ py::object run_recipe(const at::Tensor& x, const at::Tensor& weight, const at::T
 }
 
 void bind_recipes(py::module& m) {
-  m.def("set_recipe_functions", &set_recipe_functions);
+  m.def("set_tensor_map_function", &set_tensor_map_function);
   m.def("register_recipe", &register_recipe);
   m.def("has_recipe", &has_recipe);
   m.def("recipe_count", &recipe_count);

@@ -3,5 +3,5 @@
 
 #include <torch/extension.h>
 
-// Adds set_recipe_functions, register_recipe, has_recipe, recipe_count and run_recipe to the module.
+// Adds set_tensor_map_function, register_recipe, has_recipe, recipe_count and run_recipe to the module.
 void bind_recipes(pybind11::module& m);
