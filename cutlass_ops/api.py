@@ -12,6 +12,7 @@ reach the same implementation.
 from __future__ import annotations
 
 import re
+import sys
 from typing import TYPE_CHECKING
 
 import torch
@@ -37,7 +38,6 @@ _is_compiling = torch.compiler.is_compiling
 # linear's eager fast path: the activation codes parse_activation accepts that it can look up without checks
 _ACT_CODES = {None: 0, "none": 0, "relu": 1, "relu6": 2, 0: 0, 1: 1, 2: 2}
 _ACT_TYPES = (type(None), str, int)  # not bool: True == 1 as a key, and parse_activation refuses it
-_BLOCK_SCALED_MODULE = "cutlass_ops.w8a8.block_scaled"  # BlockScaledWeight's (imported on first use only)
 
 __all__ = [
     "QuantizedWeight", "quantize_weight", "quantize_conv_weight", "quantize_activation", "linear",
@@ -109,9 +109,11 @@ def _replayed(x, qweight: torch.Tensor, scale: torch.Tensor, offset, bias, activ
     if x.__class__ is not torch.Tensor or not x.is_cuda or _is_compiling():
         return None
     act = _ACT_CODES.get(activation) if activation.__class__ in _ACT_TYPES else None
-    if act is None or (bias is not None and bias.__class__ is not torch.Tensor):
+    if act is None:
         return None
     if bias32 and bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            return None  # the checked path raises
         bias = plan_cache.float32_copy(bias)
     return recipes.run(x, qweight, scale, offset, bias, act)
 
@@ -210,8 +212,7 @@ def linear(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None = Non
         out = linear_weight_only(x2d, qw, None if bias is None else bias.contiguous(), act,
                                  perm=perm).reshape(*x.shape[:-1], qw.N)
     if perm is None and x.is_cuda:
-        recipes.register(x, qw.qweight, qw.scale, qw.offset, bias is not None, act,
-                         recipes.weight_only_recipe(qw, act, bias is not None))
+        recipes.register(x, qw, qw.offset, bias is not None, act, "cutlass_ops.weight_only")
     return out
 
 
@@ -273,8 +274,7 @@ def linear_w8a8(x: torch.Tensor, qw: QuantizedWeight, bias: torch.Tensor | None 
     from cutlass_ops.w8a8 import linear_w8a8 as _impl
     out = _impl(x2d, qw, None if bias is None else bias.contiguous(), act, path=path)
     if path == "fused":
-        recipes.register(x, qw.qweight, qw.scale, qw.offset, bias is not None, act,
-                         recipes.w8a8_block_recipe(qw, act, bias is not None))
+        recipes.register(x, qw, qw.offset, bias is not None, act, "cutlass_ops.w8a8.fused")
     return out.reshape(*x.shape[:-1], qw.N)
 
 
@@ -304,7 +304,8 @@ def linear_w8a8_block_scaled(x: torch.Tensor, qw: BlockScaledWeight, bias: torch
     on x's device. Other GPUs raise ValueError (the kernel is Hopper's wgmma); the float64 reference is
     ``cutlass_ops.w8a8.block_scaled.linear_block_scaled_reference``.
     """
-    if type(qw).__name__ == "BlockScaledWeight" and type(qw).__module__ == _BLOCK_SCALED_MODULE:
+    block_scaled = sys.modules.get("cutlass_ops.w8a8.block_scaled")  # qw can be one only once it is imported
+    if block_scaled is not None and qw.__class__ is block_scaled.BlockScaledWeight:
         out = _replayed(x, qw.qweight, qw.scale, None, bias, activation, bias32=True)  # eager, once recorded
         if out is not None:
             return out
@@ -322,8 +323,7 @@ def linear_w8a8_block_scaled(x: torch.Tensor, qw: BlockScaledWeight, bias: torch
         return x.new_empty(*x.shape[:-1], qw.N)
     from cutlass_ops.w8a8.block_scaled import linear_w8a8_block_scaled as _impl
     out = _impl(x2d, qw, bias, act)
-    recipes.register(x, qw.qweight, qw.scale, None, bias is not None, act,
-                     recipes.block_scaled_recipe(qw, act, bias is not None))
+    recipes.register(x, qw, None, bias is not None, act, "cutlass_ops.w8a8.block_scaled_plan")
     return out.reshape(*x.shape[:-1], qw.N)
 
 

@@ -14,14 +14,15 @@ Importing this module loads no GPU runtime: the extension is bound by the first 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+import importlib
+from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
     from custom_kernels.recipe import Recipe
 
-__all__ = ["run", "register", "weight_only_recipe", "w8a8_block_recipe", "block_scaled_recipe"]
+__all__ = ["run", "register"]
 
 _ext = None  # the extension, set by the first register() that finds it
 _current_device = _raw_stream = None
@@ -61,11 +62,12 @@ def _failed(failure: tuple, args: tuple):
     raise CudaDriverError(f"cuLaunchKernelEx (step {step} of a recorded layer call) failed: CUresult {int(err)}")
 
 
-def register(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
-             has_bias: bool, act: int, build: Callable[[torch.dtype, int, int, int], "Recipe | None"]) -> None:
-    """After the Python path ran x [..., K] through the layer of these weight tensors: record the problem's
-    launches with ``build(dtype, M, K, device)`` (once per problem; None: a problem the family cannot record,
-    remembered as such) and let :func:`run` take such calls."""
+def register(x: torch.Tensor, weight, offset: torch.Tensor | None, has_bias: bool, act: int, family: str) -> None:
+    """After the checked path ran x [..., K] through ``weight`` (a QuantizedWeight or BlockScaledWeight; ``offset``
+    its offset tensor, None for a block-scaled one): record the problem's launches with the family module's
+    ``recipe(weight, dtype, M, K, act, has_bias, device)`` (``family``: "cutlass_ops.weight_only",
+    "cutlass_ops.w8a8.fused" or "cutlass_ops.w8a8.block_scaled_plan"; once per problem; None: a problem the
+    family cannot record, remembered as such) and let :func:`run` take such calls."""
     global _ext, _current_device, _raw_stream
     ext = _ext
     if ext is None:
@@ -82,34 +84,13 @@ def register(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, offset
     device = x.get_device()
     if M == 0 or device < 0:
         return
-    example = torch.empty(0, dtype=x.dtype)
-    weight = (qweight, scale, offset, device, example, M, K, act, has_bias)
-    if ext.has_recipe(*weight):
+    # x stands for its dtype (the extension reads only that): no allocation on this per-call path
+    problem = (weight.qweight, weight.scale, offset, device, x, M, K, act, has_bias)
+    if ext.has_recipe(*problem):
         return
-    recipe = build(x.dtype, M, K, device)
+    recipe: Recipe | None = importlib.import_module(family).recipe(weight, x.dtype, M, K, act, has_bias, device)
     if recipe is None:  # remembered without steps: run() answers None, has_recipe() True
-        ext.register_recipe(*weight, 1, 0, example, [], [])
+        ext.register_recipe(*problem, 1, 0, x, [], [])
         return
-    ext.register_recipe(*weight, recipe.N, recipe.workspace_bytes, torch.empty(0, dtype=recipe.bias_dtype or x.dtype),
+    ext.register_recipe(*problem, recipe.N, recipe.workspace_bytes, torch.empty(0, dtype=recipe.bias_dtype or x.dtype),
                         list(recipe.keep), [step.as_tuple() for step in recipe.steps])
-
-
-def weight_only_recipe(qw, act: int, has_bias: bool) -> Callable[[torch.dtype, int, int, int], "Recipe | None"]:
-    """The weight-only layer's recipe builder for :func:`register` (None where the plan has no recipe)."""
-    from cutlass_ops.weight_only import recipe
-
-    return lambda dtype, M, K, device: recipe(qw, dtype, M, K, act, has_bias, device)
-
-
-def w8a8_block_recipe(qw, act: int, has_bias: bool) -> Callable[[torch.dtype, int, int, int], "Recipe"]:
-    """The per-K-block W8A8 layer's (fused path) recipe builder for :func:`register`."""
-    from cutlass_ops.w8a8.fused import recipe
-
-    return lambda dtype, M, K, device: recipe(qw, dtype, M, K, act, has_bias, device)
-
-
-def block_scaled_recipe(weight, act: int, has_bias: bool) -> Callable[[torch.dtype, int, int, int], "Recipe"]:
-    """The block-scaled W8A8 layer's recipe builder for :func:`register`."""
-    from cutlass_ops.w8a8.block_scaled_plan import recipe
-
-    return lambda dtype, M, K, device: recipe(weight, dtype, M, K, act, has_bias, device)

@@ -33,7 +33,7 @@ from .quant_a import SOURCE as QUANT_A_SOURCE
 from .quant_a import quantize_rows_launch
 from .tiles import (BLOCK_SCALED_CONFIGS, BLOCK_SCALED_SIZES, WGMMA_CC, TileConfig, choose_block_scaled_config,
                     choose_splits, k_units)
-from .tma import tensor_map_2d
+from .tma import encode_maps, tensor_map_2d
 
 __all__ = ["SYMMETRIC", "REDUCE_KERNEL", "ReduceArgs", "BlockScaledPlan", "quantize_activation_block_scaled_gpu",
            "plan_for", "check_splits", "linear", "recipe"]
@@ -136,10 +136,7 @@ class BlockScaledPlan:
         for launches, grid, fields in self.launches(M, A_q.data_ptr(), row_planes.data_ptr(),
                                                     0 if bias is None else bias.data_ptr(), D.data_ptr(), D.dtype,
                                                     act, splits, 0 if partials is None else partials.data_ptr()):
-            m = fields.get("map_a")
-            if m is not None:
-                fields["map_a"] = tensor_map_2d(m.address, m.rows, m.cols, m.box_rows, m.box_cols, self.device)
-            launches(grid, **fields)
+            launches(grid, **encode_maps(fields, self.device))
 
     def launches(self, M: int, A, planes, bias, D, out_dtype: torch.dtype, act: int, splits: int, partials) -> list:
         """[(GridLaunches, grid, fields)] of one call: the GEMM (into D, or with ``splits`` > 1 into the fp32

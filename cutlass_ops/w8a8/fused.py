@@ -25,7 +25,7 @@ from .launches import GridLaunches, device_index, grid_launches
 from .quant_a import (BVEC_KERNEL, SOURCE as QUANT_A_SOURCE, plane_addresses, precompute_bvec_gpu, quantize_rows_into,
                       quantize_rows_launch)
 from .tiles import BLOCK_SIZES, ROW_PLANES_KERNEL, TILE_CONFIGS, TileConfig, choose_config
-from .tma import tensor_map_2d
+from .tma import encode_maps, tensor_map_2d
 
 __all__ = [
     "FusedArgs", "FusedTmaArgs", "RowPlanesArgs", "FusedPlan", "prepare_weight_w8a8", "quantize_activation_torch",
@@ -189,10 +189,7 @@ class FusedPlan:
     def launch(self, M: int, A: int, sA: int, oA: int, sumA: int, bias: int, D: torch.Tensor, act: int) -> None:
         """The fused launch on device addresses (A 16-byte aligned; bias 0 for none) into D [M, N]."""
         grid, fields = self.launch_fields(M, A, sA, oA, sumA, bias, D.data_ptr(), D.dtype, act)
-        if self.cfg.tma:
-            m = fields["map_a"]
-            fields["map_a"] = tensor_map_2d(A, m.rows, m.cols, m.box_rows, m.box_cols, self.device)
-        self.gemm(grid, **fields)
+        self.gemm(grid, **encode_maps(fields, self.device))
 
     def launch_fields(self, M: int, A, sA, oA, sumA, bias, D, out_dtype: torch.dtype, act: int) -> tuple:
         """(grid, fields) of the fused launch: addresses as ints or recipe ``At``s; TMA variants' A map as a

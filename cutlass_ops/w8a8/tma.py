@@ -15,8 +15,9 @@ from collections import OrderedDict
 from custom_kernels import libcuda
 from custom_kernels.device import check
 from custom_kernels.launch import TensorMap
+from custom_kernels.recipe import MapOf
 
-__all__ = ["tensor_map_2d"]
+__all__ = ["tensor_map_2d", "encode_maps"]
 
 _KEPT = 256  # maps kept (least recently used dropped first)
 _maps: OrderedDict[tuple, TensorMap] = OrderedDict()
@@ -55,3 +56,12 @@ def tensor_map_2d(address: int, rows: int, cols: int, box_rows: int, box_cols: i
         if len(_maps) > _KEPT:
             _maps.popitem(last=False)
     return data
+
+
+def encode_maps(fields: dict, device: int) -> dict:
+    """``fields`` (a launch's, as the families describe it for both their direct call and the recipes) with each
+    ``custom_kernels.recipe.MapOf`` whose address is an int replaced by its TensorMap (:func:`tensor_map_2d`)."""
+    for name, value in fields.items():
+        if isinstance(value, MapOf):
+            fields[name] = tensor_map_2d(value.address, value.rows, value.cols, value.box_rows, value.box_cols, device)
+    return fields

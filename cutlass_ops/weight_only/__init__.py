@@ -155,9 +155,8 @@ def recipe(qw, dtype: torch.dtype, M: int, K: int, act: int, has_bias: bool, dev
     plan = get_plan(qw, M, dtype, device)
     if not isinstance(plan, SplitKGemvPlan) or getattr(plan, "gather", False):
         return None
-    steps, nbytes = plan.recipe_steps(has_bias, act)
-    keep = tuple(t for t in (qw.qweight, qw.scale, qw.offset, *plan._keep) if t is not None)
-    return Recipe(steps, qw.N, nbytes, keep=keep, bias_dtype=dtype)
+    steps, nbytes, derived = plan.recipe_steps(has_bias, act)
+    return Recipe(steps, qw.N, nbytes, keep=(qw.qweight, qw.scale, qw.offset, *derived), bias_dtype=dtype)
 
 
 def dequantize_weight(qw, dtype: torch.dtype = torch.float16, *, out: torch.Tensor | None = None) -> torch.Tensor:

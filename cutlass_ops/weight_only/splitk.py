@@ -47,17 +47,18 @@ class SplitKGemvPlan:
         self.reduce = reduce_launch(M, N, splits, element, device) if splits > 1 else None
         self._keep = keep  # tensors the launch points at that the plan derived (packed words, copies)
 
-    def recipe_steps(self, has_bias: bool, act: int) -> tuple[list, int]:
-        """(steps, workspace bytes) of :meth:`__call__` as a recipe (``custom_kernels.recipe``): x, the bias,
-        the output and the fp32 workspace as per-call addresses."""
+    def recipe_steps(self, has_bias: bool, act: int) -> tuple[list, int, tuple]:
+        """(steps, workspace bytes, the tensors the plan derived that they point at) of :meth:`__call__` as a
+        recipe (``custom_kernels.recipe``): x, the bias, the output and the fp32 workspace as per-call addresses."""
         from custom_kernels.recipe import BIAS, OUT, WORKSPACE, X, step_of
 
         bias = BIAS if has_bias else 0
+        keep = tuple(t for t in self._keep if t is not None)
         if self.reduce is None:
-            return [step_of(self.gemv, A=X, bias=bias, D=OUT, act=act)], 0
+            return [step_of(self.gemv, A=X, bias=bias, D=OUT, act=act)], 0, keep
         splits, M, N = self.workspace_shape
         return [step_of(self.gemv, A=X, bias=bias, D=OUT, workspace=WORKSPACE, act=act),
-                step_of(self.reduce, workspace=WORKSPACE, bias=bias, D=OUT, act=act)], 4 * splits * M * N
+                step_of(self.reduce, workspace=WORKSPACE, bias=bias, D=OUT, act=act)], 4 * splits * M * N, keep
 
     def __call__(self, x: torch.Tensor, bias: int, act: int, out: torch.Tensor) -> None:
         if self.reduce is None:
