@@ -30,3 +30,14 @@ def test_small_m_variant_is_one_module(bits):
 def test_small_m_launch_choices(bits, N, K, warps, splits):
     cfg = default_gemv_mma_config(1, bits, N, K, H100_SMS)
     assert (cfg.warps, cfg.splits) == (warps, splits)
+
+
+def test_chains_and_full_batches_reach_the_kernel():
+    """The two loop knobs become NVRTC defines only when set (the defaults compile the module as before), and
+    out-of-range values are refused naming the field."""
+    assert GemvMmaConfig(chains=2, full_batches=1).defines() == {"GEMV_MMA_CHAINS": 2, "GEMV_MMA_FULL_BATCHES": 1}
+    assert GemvMmaConfig(chains=1, full_batches=0).defines() == {}
+    with pytest.raises(ValueError, match="GemvMmaConfig.chains must be one of"):
+        GemvMmaConfig(chains=3)
+    with pytest.raises(ValueError, match="GemvMmaConfig.full_batches must be one of"):
+        GemvMmaConfig(full_batches=2)

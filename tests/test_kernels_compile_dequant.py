@@ -79,6 +79,8 @@ def test_host_mirrors_kernel_constants():
     assert defaults.row_tiles == _constant("gemv_mma.cu", "GEMV_MMA_ROW_TILES")
     assert defaults.unroll == _constant("gemv_mma.cu", "GEMV_MMA_UNROLL")
     assert defaults.min_blocks == _constant("gemv_mma.cu", "GEMV_MMA_MIN_BLOCKS")
+    assert defaults.chains == _constant("gemv_mma.cu", "GEMV_MMA_CHAINS")
+    assert defaults.full_batches == _constant("gemv_mma.cu", "GEMV_MMA_FULL_BATCHES")
     assert wo.GemvMmaConfig().defines() == {} and wo.StreamConfig().defines() == {}
     assert dequant_cublas.WARPS == _constant("dequant_weight.cu", "kWarps")
     assert dequant_cublas.BLOCKS_PER_SM == _constant("dequant_weight.cu", "kMinBlocks")

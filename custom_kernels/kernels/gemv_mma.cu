@@ -44,12 +44,21 @@ namespace gemv {
 #ifndef GEMV_MMA_MIN_BLOCKS
 #define GEMV_MMA_MIN_BLOCKS 2
 #endif
+#ifndef GEMV_MMA_CHAINS
+#define GEMV_MMA_CHAINS 1
+#endif
+#ifndef GEMV_MMA_FULL_BATCHES
+#define GEMV_MMA_FULL_BATCHES 0
+#endif
 #ifndef WO_PDL_WAIT
 #define WO_PDL_WAIT 0
 #endif
 constexpr int kMaxWarps = 8;       // warps per block splitting K (a power of two, chosen at launch)
 constexpr int kGemvRowTiles = GEMV_MMA_ROW_TILES;  // 16-row tiles of N per warp: each activation fragment feeds them all
 constexpr int kGemvUnroll = GEMV_MMA_UNROLL;       // warp trips whose weight loads are issued before any use
+// Independent accumulator sets: trip u adds into set u % kGemvChains, so consecutive trips' mma chains overlap
+// instead of each mma waiting for the previous one's accumulator; summed once before the block reduction.
+constexpr int kGemvChains = GEMV_MMA_CHAINS;
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core GEMV (swap AB)
@@ -197,8 +206,53 @@ __device__ __forceinline__ void zero(float (&acc)[kRowTiles][kMTiles][4]) {
       for (int j = 0; j < 4; ++j) acc[r][i][j] = 0.0f;
 }
 
-// Each warp issues the weight loads of kUnroll trips into registers, then computes them.
-template <typename T, int kBits, int kMTiles, int kRowTiles, int kUnroll>
+// One batch of a warp: the weight loads of kUnroll trips into registers, then their compute. kFull: every
+// chunk of the batch lies below c_end (the common case), so no chunk is clamped and no lane's contribution
+// masked: the compiler drops the keep masks of gemv_trip (about a tenth of a trip's instructions).
+template <typename T, int kBits, int kMTiles, int kRowTiles, int kUnroll, int kChains, bool kFull>
+__device__ __forceinline__ void gemv_batch(float (&acc)[kChains][kRowTiles][kMTiles][4],
+                                           GemvRows<T, kBits, kMTiles, kRowTiles>& rows, int c0, int stride,
+                                           int c_end, int t, int group_shift, bool first) {
+  uint4 wq[kUnroll][kRowTiles][2];
+  uint32_t so[kUnroll][kRowTiles][2];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    // Past the end: re-read the last chunk (no branch); gemv_trip zeroes its contribution.
+    const int chunk = kFull ? c0 + stride * u + t : min(c0 + stride * u + t, c_end - 1);
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        wq[u][r][h] = load_stream_16B(rows.b_row[r][h] + chunk);
+        so[u][r][h] = __ldg(rows.so_row[r][h] + (chunk >> group_shift));
+      }
+  }
+#if WO_PDL_WAIT && __CUDA_ARCH__ >= 900
+  // A is written by the kernel this one depends on: wait for it once, after the first weight loads
+  // are in flight (a no-op when not launched as a programmatic dependent).
+  if (first) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    // Only now may the next kernel launch (a trigger before the wait chained every GEMV of a CUDA graph
+    // into waiting blocks that held the SMs: 4096 x 14336 W4 M = 1 25.0 us vs 18.7 without PDL).
+    asm volatile("griddepcontrol.launch_dependents;");
+  }
+#endif
+#if WO_PDL_WAIT
+  // A is read through pointers passed through an empty volatile asm below the wait, so no load of A is
+  // hoisted above it (load_after_wait).
+#pragma unroll
+  for (int i = 0; i < kMTiles; ++i) asm volatile("" : "+l"(rows.a_row[i]));
+#endif
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int c = c0 + stride * u + t;
+    gemv_trip<T, kBits, kMTiles, kRowTiles>(acc[u % kChains], wq[u], so[u],
+                                            kFull || c < c_end ? 0xffffffffu : 0u, kFull ? c : min(c, c_end - 1),
+                                            rows);
+  }
+}
+
+template <typename T, int kBits, int kMTiles, int kRowTiles, int kUnroll, int kChains>
 __device__ __forceinline__ void gemv_mma(const T* __restrict__ A, const uint8_t* __restrict__ B,
                                          const uint32_t* __restrict__ scale_offset, const T* __restrict__ bias,
                                          T* __restrict__ D, float* __restrict__ workspace, int M, int N, int K,
@@ -209,49 +263,31 @@ __device__ __forceinline__ void gemv_mma(const T* __restrict__ A, const uint8_t*
   const int c_begin = blockIdx.y * chunks_per_split;
   const int c_end = min(K / (128 / kBits), c_begin + chunks_per_split);
   GemvRows<T, kBits, kMTiles, kRowTiles> rows(A, B, scale_offset, M, N, K, G, n_block, g);
-  float acc[kRowTiles][kMTiles][4];
-  zero(acc);
+  float acc[kChains][kRowTiles][kMTiles][4];
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) zero(acc[c]);
 
   const int stride = 4 * warps;  // chunks per warp trip across the block
   for (int c0 = c_begin + 4 * warp; c0 < c_end; c0 += stride * kUnroll) {
-    uint4 wq[kUnroll][kRowTiles][2];
-    uint32_t so[kUnroll][kRowTiles][2];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      // Past the end: re-read the last chunk (no branch); gemv_trip zeroes its contribution.
-      const int chunk = min(c0 + stride * u + t, c_end - 1);
-#pragma unroll
-      for (int r = 0; r < kRowTiles; ++r)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          wq[u][r][h] = load_stream_16B(rows.b_row[r][h] + chunk);
-          so[u][r][h] = __ldg(rows.so_row[r][h] + (chunk >> group_shift));
-        }
-    }
-#if WO_PDL_WAIT && __CUDA_ARCH__ >= 900
-    // A is written by the kernel this one depends on: wait for it once, after the first weight loads
-    // are in flight (a no-op when not launched as a programmatic dependent).
-    if (c0 == c_begin + 4 * warp) {
-      asm volatile("griddepcontrol.wait;" ::: "memory");
-      // Only now may the next kernel launch (a trigger before the wait chained every GEMV of a CUDA graph
-      // into waiting blocks that held the SMs: 4096 x 14336 W4 M = 1 25.0 us vs 18.7 without PDL).
-      asm volatile("griddepcontrol.launch_dependents;");
-    }
+    const bool first = c0 == c_begin + 4 * warp;
+#if GEMV_MMA_FULL_BATCHES
+    if (c0 + stride * (kUnroll - 1) + 3 < c_end)
+      gemv_batch<T, kBits, kMTiles, kRowTiles, kUnroll, kChains, true>(acc, rows, c0, stride, c_end, t, group_shift,
+                                                                       first);
+    else
 #endif
-#if WO_PDL_WAIT
-    // A is read through pointers passed through an empty volatile asm below the wait, so no load of A is
-    // hoisted above it (load_after_wait).
-#pragma unroll
-    for (int i = 0; i < kMTiles; ++i) asm volatile("" : "+l"(rows.a_row[i]));
-#endif
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + stride * u + t;
-      gemv_trip<T, kBits, kMTiles, kRowTiles>(acc, wq[u], so[u], c < c_end ? 0xffffffffu : 0u, min(c, c_end - 1),
-                                              rows);
-    }
+      gemv_batch<T, kBits, kMTiles, kRowTiles, kUnroll, kChains, false>(acc, rows, c0, stride, c_end, t,
+                                                                        group_shift, first);
   }
-  gemv_finish<T, kMTiles, kRowTiles>(acc, bias, D, workspace, M, N, n_block, act);
+#pragma unroll
+  for (int c = 1; c < kChains; ++c)
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r)
+#pragma unroll
+      for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[0][r][i][j] += acc[c][r][i][j];
+  gemv_finish<T, kMTiles, kRowTiles>(acc[0], bias, D, workspace, M, N, n_block, act);
 }
 }  // namespace gemv
 }  // namespace cuops
@@ -266,8 +302,8 @@ using namespace cuops::gemv;
   extern "C" __global__ void __launch_bounds__(256, (MT <= 2 ? GEMV_MMA_MIN_BLOCKS : 1)) gemv_mma_mt##MT(                       \
       const element_t* A, const uint8_t* B, const uint32_t* scale_offset, const element_t* bias, element_t* D, \
       float* workspace, int M, int N, int K, int G, int group_shift, int chunks_per_split, int act) {         \
-    gemv_mma<element_t, WO_BITS, MT, kGemvRowTiles, kGemvUnroll>(A, B, scale_offset, bias, D, workspace, M, N, \
-                                                                 K, G, group_shift, chunks_per_split, act);   \
+    gemv_mma<element_t, WO_BITS, MT, kGemvRowTiles, kGemvUnroll, kGemvChains>(A, B, scale_offset, bias, D, \
+        workspace, M, N, K, G, group_shift, chunks_per_split, act);                                            \
   }
 GEMV_MMA_ENTRY(1)
 GEMV_MMA_ENTRY(2)

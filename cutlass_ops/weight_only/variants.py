@@ -43,17 +43,21 @@ class GemvMmaConfig:
     """A gemv_mma kernel variant (gemv_mma.cu ``GEMV_MMA_*`` defines): ``row_tiles`` 16-row
     tiles of N per warp, ``unroll`` warp trips of weight loads issued before any use, ``min_blocks``
     the ``__launch_bounds__`` blocks per SM (M <= 16), ``warps`` the most warps splitting K in a block,
-    ``splits`` the K splits across blocks (None: enough blocks for about 2 per SM)."""
+    ``splits`` the K splits across blocks (None: enough blocks for about 2 per SM), ``chains`` independent
+    accumulator sets (consecutive trips' mma chains overlap), ``full_batches`` a second copy of the batch loop
+    without the end-of-K masks, taken where a whole batch lies below the end (1 = on)."""
 
     row_tiles: int = 2
     unroll: int = 4
     min_blocks: int = 2
     warps: int = 8
     splits: int | None = None
+    chains: int = 1
+    full_batches: int = 0
 
     def __post_init__(self):
         for name, allowed in (("row_tiles", (1, 2, 4)), ("unroll", (1, 2, 4, 8)), ("min_blocks", (1, 2, 3, 4)),
-                              ("warps", (1, 2, 4, 8))):
+                              ("warps", (1, 2, 4, 8)), ("chains", (1, 2, 4)), ("full_batches", (0, 1))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GemvMmaConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.splits is not None and (not isinstance(self.splits, int) or self.splits < 1):
@@ -62,7 +66,8 @@ class GemvMmaConfig:
     def defines(self) -> dict[str, int]:
         """The NVRTC defines that differ from the kernel's defaults (defaults compile as before)."""
         base = GemvMmaConfig()
-        return {f"GEMV_MMA_{k.upper()}": getattr(self, k) for k in ("row_tiles", "unroll", "min_blocks")
+        return {f"GEMV_MMA_{k.upper()}": getattr(self, k)
+                for k in ("row_tiles", "unroll", "min_blocks", "chains", "full_batches")
                 if getattr(self, k) != getattr(base, k)}
 
 
