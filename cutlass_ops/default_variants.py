@@ -86,23 +86,23 @@ def linear_kernels(M: int, dtype: torch.dtype, qw, cc: int, *, gather: bool = Fa
     included wherever the plan may split (it depends on the GPU's SM count)."""
     from cutlass_ops.weight_only import choose_strategy, plan_class
 
-    tuned = _shipped_choice(M, dtype, qw, cc)  # a GPU of this architecture whose tuning file names the problem
-    if tuned is not None:
-        return _uses(plan_class(tuned.strategy, cc, gather, pdl).kernels(M, dtype, qw.bits, tuned.config))
+    tuned = _shipped_choices(M, dtype, qw, cc)  # the GPUs of this architecture whose tuning files name the problem
+    if tuned:
+        return set().union(*(_uses(plan_class(t.strategy, cc, gather, pdl).kernels(M, dtype, qw.bits, t.config))
+                             for t in tuned))
     strategy = choose_strategy(M, dtype, qw, cc)
     return _uses(plan_class(strategy, cc, gather, pdl).kernels(M, dtype, qw.bits))
 
 
-def _shipped_choice(M: int, dtype: torch.dtype, qw, cc: int):
-    """The shipped tuned entry (``weight_only.tuned``) of sm_``cc`` for this problem, if any (fp16 / bf16)."""
+def _shipped_choices(M: int, dtype: torch.dtype, qw, cc: int) -> list:
+    """The shipped tuned entries (``weight_only.tuned``) of sm_``cc`` for this problem (fp16 / bf16): one per GPU
+    file that names it (an H100 and an H200 may choose differently; each loads its own)."""
     from cutlass_ops.weight_only.tuned import shipped_entries
 
     if dtype not in (torch.float16, torch.bfloat16):
-        return None
-    for entry_cc, entry in shipped_entries():
-        if entry_cc == cc and entry.shape == (qw.N, qw.K, qw.bits, qw.block_size) and entry.M_lo <= M <= entry.M_hi:
-            return entry
-    return None
+        return []
+    return [entry for entry_cc, entry in shipped_entries()
+            if entry_cc == cc and entry.shape == (qw.N, qw.K, qw.bits, qw.block_size) and entry.M_lo <= M <= entry.M_hi]
 
 
 def dequantize_kernels(dtype: torch.dtype, bits: int) -> set[KernelUse]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as dt
 import gc
 import io
@@ -62,11 +63,17 @@ DTYPE = torch.float16  # tuned entries apply to bf16 too (the same kernels)
 # rule's (variants.default_gemv_mma_config); it with 8 warps splitting K; one 16-row tile with 4 trips and 2
 # blocks per SM, with 4 or 8 warps (8: the fastest at M = 1 on 4096 x 4096 and 3072 x 3072 W4, H100); the
 # class default without splitting K.
-GEMV_MMA_CONFIGS = (GemvMmaConfig(), GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=4),
+_GEMV_MMA_SHAPES = (GemvMmaConfig(), GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=4),
                     GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=8),
                     GemvMmaConfig(row_tiles=1, unroll=4, min_blocks=2, warps=4),
                     GemvMmaConfig(row_tiles=1, unroll=4, min_blocks=2, warps=8, splits=1),
                     GemvMmaConfig(row_tiles=2, unroll=4, min_blocks=2, warps=8, splits=1))
+# Each of them with and without the unmasked full-batch loop, and two accumulator sets on the four that won
+# somewhere on the Llama-3-8B weights (H200, M = 1 and 16, all 24 combinations of these loop options timed).
+GEMV_MMA_CONFIGS = (*_GEMV_MMA_SHAPES, *(dataclasses.replace(c, full_batches=1) for c in _GEMV_MMA_SHAPES),
+                    *(dataclasses.replace(c, chains=2, full_batches=f) for c, f in (
+                        (_GEMV_MMA_SHAPES[1], 0), (_GEMV_MMA_SHAPES[1], 1), (_GEMV_MMA_SHAPES[4], 1),
+                        (_GEMV_MMA_SHAPES[3], 1))))
 # gemm_small_m variants (of sweep_gemv.small_m_configs, the ones fastest somewhere in
 # scripts/results/nvidia-h100/sweep_small_m.md): the default, the rule's 2 stages (r2w8s2), 4 row tiles x 4
 # warps (wide N at M <= 32), 4 warps (long K at small M).
@@ -88,7 +95,8 @@ class Candidate(NamedTuple):
     def label(self) -> str:
         c = self.config
         if self.strategy == "gemv_mma":
-            return f"gemv_mma r{c.row_tiles}u{c.unroll}b{c.min_blocks}w{c.warps}" + (f"k{c.splits}" if c.splits else "")
+            return (f"gemv_mma r{c.row_tiles}u{c.unroll}b{c.min_blocks}w{c.warps}" + (f"k{c.splits}" if c.splits else "")
+                    + (f"c{c.chains}" if c.chains != 1 else "") + ("f" if c.full_batches else ""))
         return f"gemm_small_m r{c.row_tiles}w{c.warps}s{c.stages}" + (f"k{c.splits}" if c.splits else "")
 
 

@@ -312,3 +312,14 @@ def test_tuner_arguments(tuner):
     for bad in (["--M", "0"], ["--M", "65"], ["--min-gain", "1"], ["--bits", "3"], ["--jobs", "0"]):
         with pytest.raises(SystemExit):
             tuner.parse_args(bad)
+
+
+def test_loop_options_written_only_when_set(tmp_path):
+    """gemv_mma's chains / full_batches reach the JSON only when they differ from the kernel's defaults, and an entry
+    carrying them loads back to the same config."""
+    assert "chains" not in tuned.config_json(GemvMmaConfig()) and "full_batches" not in tuned.config_json(GemvMmaConfig())
+    cfg = GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=4, chains=2, full_batches=1)
+    assert tuned.config_json(cfg)["chains"] == 2 and tuned.config_json(cfg)["full_batches"] == 1
+    table = tuned.load_file(_write(tmp_path, {"compute_capability": 90,
+                                              "entries": [{**GEMV, "config": tuned.config_json(cfg)}]}))
+    assert table.entries[0].config == cfg

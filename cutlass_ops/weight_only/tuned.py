@@ -276,9 +276,16 @@ def tuned_for(qw, M: int, dtype: torch.dtype, device: int, cc: int) -> tuple[str
     return choice
 
 
+# gemv_mma's loop options, written only where they differ from the kernel's default (entries older than them
+# read as before).
+_WRITTEN_WHEN_SET = {"chains": 1, "full_batches": 0}
+
+
 def config_json(config) -> dict[str, Any]:
-    """A config as an entry's ``"config"`` object: every field, those left None (``splits``: automatic) out."""
-    return {k: v for k, v in dataclasses.asdict(config).items() if v is not None}
+    """A config as an entry's ``"config"`` object: every field, those left None (``splits``: automatic) and the
+    loop options at their defaults (``_WRITTEN_WHEN_SET``) out."""
+    return {k: v for k, v in dataclasses.asdict(config).items()
+            if v is not None and _WRITTEN_WHEN_SET.get(k, object()) != v}
 
 
 def shipped_entries(tuning_dir: str | Path | None = None) -> Iterator[tuple[int | None, TunedEntry]]:
