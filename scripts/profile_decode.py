@@ -11,6 +11,13 @@ GEMVs and GEMMs, the split-K reduction, torch / inductor kernels, attention, cuB
 ``bench_llama.md``'s "no linears" row leaves open: why the W4A16 step's linears take longer in the
 model than the same GEMVs timed alone (``llm_shapes.md``).
 
+For the weight-only modes a second table goes linear by linear (qkv, o, gate, up, down: the layer's call
+order): what each GEMV adds to the step in the model (its end minus the later of its start and the latest end
+of the kernels before it, median over layers and replays) and its launch-to-end span, against the same weight's GEMV timed in
+this run back to back (CUDA graph, weight copies rotated past L2), behind an idle kernel of
+``--idle-us`` (as in the model, where it follows inductor's kernels), and the bare read kernel of its bytes
+(``_read_floor``); then what the GEMVs may take for the step to be 2.5x faster than the fp16 step.
+
     python scripts/profile_decode.py [--modes fp16,W4A16] [--batch 1] [--layers 8] [--out PATH]
         # -> scripts/results/<gpu>/profile_decode.md
 
@@ -80,6 +87,77 @@ def summarize(groups) -> tuple[dict, list[tuple[str, str, float, float]]]:
     return stats, rows
 
 
+LINEARS = ("qkv", "o", "gate", "up", "down")  # bench_llama.Layer's call order
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate": (14336, 4096), "up": (14336, 4096), "down": (4096, 14336)}
+
+
+def linear_times(groups, layers: int):
+    """{linear: (added us, span us)} medians over layers and replays, from each step's weight-only GEMVs in call
+    order (None if a step does not hold one per linear and layer). added: the GEMV's end minus the later of its
+    start and the latest end of the kernels before it (the step time only it occupies); span: its start (launch,
+    before a PDL wait) to its end."""
+    added, span = defaultdict(list), defaultdict(list)
+    for kernels in groups:
+        ours = [k for k, e in enumerate(kernels) if kernel_class(e.name) == "ours: weight-only"]
+        if len(ours) != len(LINEARS) * layers:
+            return None
+        for j, k in enumerate(ours):
+            e = kernels[k]
+            before = max((p.time_range.end for p in kernels[:k]), default=e.time_range.start)
+            name = LINEARS[j % len(LINEARS)]
+            added[name].append(e.time_range.end - max(before, e.time_range.start))
+            span[name].append(e.time_range.end - e.time_range.start)
+    return {n: (statistics.median(added[n]), statistics.median(span[n])) for n in LINEARS}
+
+
+def standalone_times(config, idle_us: float) -> dict:
+    """{(N, K): (back to back us, behind an idle kernel us, read kernel us)} for the layer's weights quantized
+    as ``config`` (a WeightOnlyConfig), M = 1 fp16, each timed in a CUDA graph rotating over weight copies."""
+    import math
+
+    import torch
+    from _read_floor import read_floor_us
+    from _timing import Rotating, graph_us
+    from bench_llm_shapes import copies_for
+    from bench_weight_only import weight_bytes
+
+    import cutlass_ops
+
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    end.synchronize()
+    cycles = int(idle_us * 1_000_000 / (start.elapsed_time(end) * 1e3))
+    out = {}
+    for N, K in sorted(set(SHAPES.values())):
+        master = torch.randn(N, K, device="cuda", dtype=torch.float16).mul_(0.02)
+        qw = cutlass_ops.quantize_weight(master, bits=config.bits, block_size=config.block_size,
+                                         symmetric=config.symmetric)
+        nbytes = weight_bytes(qw)
+        copies = copies_for(nbytes, l2)
+        qws = [qw] + [cutlass_ops.quantize_weight(master, bits=config.bits, block_size=config.block_size,
+                                                  symmetric=config.symmetric) for _ in range(copies - 1)]
+        x = torch.randn(1, K, device="cuda", dtype=torch.float16)
+        for q in qws:
+            cutlass_ops.linear(x, q)
+        torch.cuda.synchronize()
+        reps = copies * math.ceil(60 / copies)
+        timed = lambda fn: graph_us(Rotating(fn, copies), reps=reps)  # noqa: E731
+        back = timed(lambda i: cutlass_ops.linear(x, qws[i]))
+        idle = timed(lambda i: torch.cuda._sleep(cycles))
+        behind = timed(lambda i: (torch.cuda._sleep(cycles), cutlass_ops.linear(x, qws[i]))) - idle
+        read = read_floor_us(nbytes, lambda call: graph_us(call, reps=reps), copies)[0]
+        out[(N, K)] = (back, behind, read)
+        log.info("  %d x %d: back to back %.1f us, behind %.0f us idle %.1f, read kernel %.1f", N, K, back, idle_us,
+                 behind, read)
+        del qws, qw, master
+        torch.cuda.empty_cache()
+    return out
+
+
 def profile_mode(args, mode: str):
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -106,7 +184,9 @@ def profile_mode(args, mode: str):
     del model, step
     torch._dynamo.reset()
     torch.cuda.empty_cache()
-    return summarize(groups) if groups else (None, [])
+    if not groups:
+        return None, [], None
+    return (*summarize(groups), linear_times(groups, args.layers))
 
 
 def report(args, results: dict) -> list[str]:
@@ -114,7 +194,7 @@ def report(args, results: dict) -> list[str]:
              f"{args.context}), compiled with mode=\"reduce-overhead\"; torch.profiler over {args.steps} replays "
              "of the step's CUDA graph, medians per step. wall: first kernel start to last kernel end; busy: sum of "
              "kernel times; gaps: idle time between consecutive kernels.", ""]
-    for mode, (stats, rows) in results.items():
+    for mode, (stats, rows, _) in results.items():
         if stats is None:
             lines += [f"## {mode}", "", "no kernels recorded", ""]
             continue
@@ -131,6 +211,40 @@ def report(args, results: dict) -> list[str]:
         lines += [f"| {cls} | `{short(name)}` | {calls:.0f} | {us:.1f} | {us / calls:.2f} |"
                   for cls, name, calls, us in rows[:args.top]]
         lines.append("")
+    lines += linear_report(args, results)
+    return lines
+
+
+def linear_report(args, results: dict) -> list[str]:
+    """Linear by linear, for each weight-only mode with a standalone timing (see the module docstring)."""
+    lines = []
+    fp16 = results.get("fp16", (None,))[0]
+    for mode, (stats, _, per_linear) in results.items():
+        alone = args.standalone.get(mode)
+        if stats is None or per_linear is None or alone is None:
+            continue
+        lines += [f"## {mode}: linear by linear", "",
+                  f"Per call, us. added: what the GEMV adds to the step in the model; span: its launch-to-end time "
+                  f"there; back to back / behind {args.idle_us:g} us idle / read kernel: the same weight timed alone "
+                  f"in this run (M = 1, CUDA graphs, weight copies rotated past L2).", "",
+                  "| linear | N x K | added | span | back to back | behind idle | read kernel |",
+                  "|---|---|---|---|---|---|---|"]
+        totals = [0.0] * 5
+        for name in LINEARS:
+            N, K = SHAPES[name]
+            added, span = per_linear[name]
+            back, behind, read = alone[(N, K)]
+            lines.append(f"| {name} | {N} x {K} | {added:.1f} | {span:.1f} | {back:.1f} | {behind:.1f} | {read:.1f} |")
+            totals = [t + v * args.layers for t, v in zip(totals, (added, span, back, behind, read))]
+        lines.append("| step (x %d layers) | | %s |" % (args.layers, " | ".join(f"{t:.0f}" for t in totals)))
+        lines.append("")
+        if fp16 is not None:
+            rest = stats["wall"] - totals[0]
+            budget = fp16["wall"] / 2.5 - rest
+            lines += [f"Step wall {stats['wall']:.0f} us, of which the GEMVs add {totals[0]:.0f} and the rest "
+                      f"{rest:.0f}. 2.5x the fp16 step ({fp16['wall']:.0f} us) needs {fp16['wall'] / 2.5:.0f} us: "
+                      f"{budget:.0f} us for the {len(LINEARS) * args.layers} GEMVs, against {totals[4]:.0f} us for "
+                      f"their bare read kernels back to back ({budget / totals[4]:.2f}x).", ""]
     return lines
 
 
@@ -142,6 +256,9 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--top", type=int, default=25, help="kernel rows per mode")
+    parser.add_argument("--idle-us", type=float, default=5.0,
+                        help="idle kernel before each standalone GEMV of the linear table (default 5)")
+    parser.add_argument("--no-standalone", action="store_true", help="skip the linear-by-linear table")
     parser.add_argument("--out", type=Path, help="default: scripts/results/<gpu>/profile_decode.md")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(relativeCreated)8.0f ms %(message)s")
@@ -157,10 +274,14 @@ def main() -> int:
         log.error("needs a CUDA GPU")
         return 1
     args.prefill = args.context  # bench_llama.build sizes the KV cache from it
-    results = {}
+    results, args.standalone = {}, {}
     for mode in modes:
         log.info("profiling %s", mode)
         results[mode] = profile_mode(args, mode)
+        config = bench_llama.MODES[mode]
+        if not args.no_standalone and type(config).__name__ == "WeightOnlyConfig":
+            log.info("timing %s's weights alone", mode)
+            args.standalone[mode] = standalone_times(config, args.idle_us)
     from _timing import write_report
 
     write_report(report(args, results), args.out, "profile_decode")
