@@ -49,3 +49,12 @@ mma_probe = _load("probe_mma_sync")
 @pytest.mark.parametrize("chains", mma_probe.CHAINS)
 def test_mma_sync_probe_compiles(arch, chains):
     assert _is_cubin(mma_probe.build(chains, arch).data)
+
+
+l2_probe = _load("probe_l2_prefetch")
+
+
+def test_l2_prefetch_probe_compiles_for_hopper():
+    """Both prefetch kernels (the bulk one is sm_90+) are in the cubin."""
+    data = l2_probe.build("90a").data
+    assert _is_cubin(data) and b"prefetch_bulk" in data and b"prefetch_lines" in data
