@@ -96,6 +96,20 @@ def kernel_us(fn, iters: int = 30, warmup: int = 5) -> float:
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends)) * 1e3
 
 
+def sleep_cycles_per_us() -> float:
+    """GPU clock cycles per us of ``torch.cuda._sleep`` (a kernel that spins for a number of cycles: the GPU kept
+    busy while the host enqueues, or an idle kernel in a CUDA graph), from one timed 20 M-cycle sleep."""
+    torch.cuda._sleep(1000)
+    torch.cuda.synchronize()
+    cycles = 20_000_000
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / (start.elapsed_time(end) * 1e3)
+
+
 class Rotating:
     """Calls fn(i) with i cycling over ``count`` copies of the operands (a benchmark's way past the
     L2 cache; captured as such in a CUDA graph)."""

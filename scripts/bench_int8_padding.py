@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 import torch
-from _timing import Rotating, call_us, graph_us, write_report
+from _timing import Rotating, call_us, graph_us, sleep_cycles_per_us, write_report
 
 import cutlass_ops as ops
 
@@ -127,19 +127,6 @@ def plan_kernel(M: int, N: int, K: int, kernel_cc: int, op: str) -> str:
 # --------------------------------------------------------------------------------------------
 # timing
 # --------------------------------------------------------------------------------------------
-
-def sleep_cycles_per_us() -> float:
-    """GPU clock cycles per us of torch.cuda._sleep (calibrated once)."""
-    torch.cuda._sleep(1000)
-    torch.cuda.synchronize()
-    cycles = 20_000_000
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return cycles / (start.elapsed_time(end) * 1e3)
-
 
 def queued_us(fn, cycles_per_us: float, calls: int = QUEUED_CALLS, reps: int = QUEUED_REPS) -> float:
     """Device us per call of eager calls run back to back: the GPU sleeps while the host enqueues

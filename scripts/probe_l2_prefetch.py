@@ -53,7 +53,7 @@ def main() -> int:
         return 0
 
     import torch
-    from _timing import Rotating, graph_us, table, write_report
+    from _timing import Rotating, graph_us, sleep_cycles_per_us, table, write_report
 
     import cutlass_ops
     from custom_kernels.launch import I64, U32, KernelArgs, Launch, LaunchConfig, Module, Ptr
@@ -82,14 +82,7 @@ def main() -> int:
                         LineArgs(src=t.data_ptr(), bytes=t.numel() * t.element_size())) for t in tensors]
         return {"bulk": lambda: [b() for b in bulk], "lines": lambda: [b() for b in lines]}
 
-    # cycles per us of torch.cuda._sleep, from one timed sleep
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1000)
-    start.record()
-    torch.cuda._sleep(2_000_000)
-    end.record()
-    end.synchronize()
-    cycles_per_us = 2_000_000 / (start.elapsed_time(end) * 1e3)
+    cycles_per_us = sleep_cycles_per_us()
     log.info("sleep: %.0f cycles per us", cycles_per_us)
 
     rows = []

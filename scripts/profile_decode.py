@@ -117,20 +117,14 @@ def standalone_times(config, idle_us: float) -> dict:
 
     import torch
     from _read_floor import read_floor_us
-    from _timing import Rotating, graph_us
+    from _timing import Rotating, graph_us, sleep_cycles_per_us
     from bench_llm_shapes import copies_for
     from bench_weight_only import weight_bytes
 
     import cutlass_ops
 
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(1000)
-    start.record()
-    torch.cuda._sleep(1_000_000)
-    end.record()
-    end.synchronize()
-    cycles = int(idle_us * 1_000_000 / (start.elapsed_time(end) * 1e3))
+    cycles = int(idle_us * sleep_cycles_per_us())
     out = {}
     for N, K in sorted(set(SHAPES.values())):
         master = torch.randn(N, K, device="cuda", dtype=torch.float16).mul_(0.02)
