@@ -11,6 +11,7 @@ device time per call from a CUDA graph of repeated calls (no host cost, no launc
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 import statistics
 import subprocess
@@ -134,7 +135,12 @@ def gpu_slug(name: str | None = None) -> str:
 
 def git_commit() -> str:
     """Short hash of the checkout's HEAD ('unknown' outside a git checkout), '+changes' when
-    tracked files differ from it (the measured code is then not exactly that commit)."""
+    tracked files differ from it (the measured code is then not exactly that commit).
+    ``CUTLASS_OPS_BENCH_COMMIT``, when set, is taken as it is: for a copy of a working tree whose git metadata
+    is not the tree's own (a remote GPU machine given the files but a stale ``.git``)."""
+    override = os.environ.get("CUTLASS_OPS_BENCH_COMMIT", "").strip()
+    if override:
+        return override
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, check=True).stdout.strip()

@@ -206,3 +206,40 @@ def test_profile_decode_splits_replays_and_sums_gaps():
     assert stats == {"wall": 13.0, "busy": 10.0, "gaps": 3.0, "kernels": 3}
     assert rows[0] == ("ours: weight-only", "gemv_mma_mt1", 1.0, 5.0)
     assert {r[1] for r in rows} == {"gemv_mma_mt1", "splitk_reduce", "triton_poi_fused_0"}
+
+
+def test_profile_decode_times_each_linear_in_call_order():
+    """One layer's five GEMVs labelled qkv, o, gate, up, down in call order; 'added' counts only the time past the
+    kernels before (up launches inside gate through PDL), 'span' the whole kernel."""
+    pd = _load("profile_decode")
+    kernels = [_Kernel("triton_red_fused_0", 0, 2), _Kernel("gemv_mma_mt1", 1, 8),      # qkv: 6 past the norm
+               _Kernel("flash_attn", 9, 12), _Kernel("gemv_mma_mt1", 12, 16),           # o: 4
+               _Kernel("triton_red_fused_1", 17, 19), _Kernel("gemv_mma_mt1", 19, 29),  # gate: 10
+               _Kernel("gemv_mma_mt1", 27, 38),                                         # up: 9 past gate
+               _Kernel("triton_poi_fused_2", 39, 40), _Kernel("gemv_mma_mt1", 40, 50)]  # down: 10
+    times = pd.linear_times([kernels, kernels], layers=1)
+    assert times == {"qkv": (6, 7), "o": (4, 4), "gate": (10, 10), "up": (9, 11), "down": (10, 10)}
+    assert pd.linear_times([kernels[:-1]], layers=1) is None  # a step without one GEMV per linear
+
+
+def test_profile_decode_linear_report_budget():
+    """The 2.5x budget: fp16 wall / 2.5 minus what the quantized step spends outside its GEMVs."""
+    pd = _load("profile_decode")
+    per_linear = {name: (5.0, 6.0) for name in pd.LINEARS}
+    alone = {shape: (4.0, 6.0, 3.0) for shape in pd.SHAPES.values()}
+    args = type("Args", (), {"layers": 2, "idle_us": 5.0, "standalone": {"W4A16": alone}})()
+    results = {"fp16": ({"wall": 200.0}, [], None), "W4A16": ({"wall": 74.0}, [], per_linear)}
+    text = "\n".join(pd.linear_report(args, results))
+    assert "| step (x 2 layers) | | 50 | 60 | 40 | 60 | 30 |" in text
+    # 200 / 2.5 = 80 us; the rest of the quantized step 74 - 50 = 24 us; 56 us for 10 GEMVs vs 30 us of reads
+    assert "needs 80 us: 56 us for the 10 GEMVs, against 30 us for their bare read kernels back to back (1.87x)" \
+        in text
+
+
+def test_bench_commit_override(monkeypatch):
+    """A results header names the commit given in CUTLASS_OPS_BENCH_COMMIT (a remote copy's .git may be stale)."""
+    timing = _load("_timing")
+    monkeypatch.setenv("CUTLASS_OPS_BENCH_COMMIT", "abc1234")
+    assert timing.git_commit() == "abc1234"
+    monkeypatch.delenv("CUTLASS_OPS_BENCH_COMMIT")
+    assert timing.git_commit() != "abc1234"
