@@ -100,9 +100,9 @@ def rotated_us(call, copies: int) -> float:
     return graph_us(Rotating(call, copies), reps=copies * math.ceil(MIN_REPS / copies))
 
 
-def weight_copies(master: torch.Tensor, bits: int, l2: int) -> list:
+def weight_copies(master: torch.Tensor, bits: int, l2: int, block_size: int = GROUP, symmetric: bool = False) -> list:
     """The weight quantized once on the GPU, plus clones (same values, other addresses) for the rotation."""
-    qw = cutlass_ops.quantize_weight(master, bits=bits, block_size=GROUP, symmetric=False)
+    qw = cutlass_ops.quantize_weight(master, bits=bits, block_size=block_size, symmetric=symmetric)
     clone = lambda: dataclasses.replace(qw, qweight=qw.qweight.clone(), scale=qw.scale.clone(),  # noqa: E731
                                         offset=qw.offset.clone())
     return [qw] + [clone() for _ in range(copies_for(weight_bytes(qw), l2) - 1)]

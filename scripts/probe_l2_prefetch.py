@@ -23,9 +23,7 @@ A benchmark, not a test.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
-import math
 import sys
 from pathlib import Path
 
@@ -53,7 +51,8 @@ def main() -> int:
         return 0
 
     import torch
-    from _timing import Rotating, graph_us, sleep_cycles_per_us, table, write_report
+    from _timing import graph_us, sleep_cycles_per_us, table, write_report
+    from bench_llm_shapes import rotated_us, weight_copies
 
     import cutlass_ops
     from custom_kernels.launch import I64, U32, KernelArgs, Launch, LaunchConfig, Module, Ptr
@@ -88,25 +87,19 @@ def main() -> int:
     rows = []
     for label, N, K in SHAPES:
         master = torch.randn(N, K, device="cuda", dtype=torch.float16).mul_(0.02)
-        qw = cutlass_ops.quantize_weight(master, bits=4, block_size=128, symmetric=False)
-        x = torch.randn(1, K, device="cuda", dtype=torch.float16)
-        cutlass_ops.linear(x, qw)
-        read = recipe(qw, torch.float16, 1, K, 0, False, 0)
-        one = [qw.qweight, *read.keep[3:]]
-        nbytes = sum(t.numel() * t.element_size() for t in one)
-        copies = max(2, math.ceil(3 * l2 / nbytes))
-        qws = [qw] + [dataclasses.replace(qw, qweight=qw.qweight.clone(), scale=qw.scale.clone(),
-                                          offset=qw.offset.clone()) for _ in range(copies - 1)]
+        qws = weight_copies(master, 4, l2)  # W4 g128 asymmetric, copies reading >= 3x L2
+        qw, x = qws[0], torch.randn(1, K, device="cuda", dtype=torch.float16)
         reads = []
         for q in qws:
             cutlass_ops.linear(x, q)
-            r = recipe(q, torch.float16, 1, K, 0, False, 0)
-            reads.append(prefetchers([q.qweight, *r.keep[3:]]))
-        torch.cuda.synchronize()
-        reps = copies * math.ceil(60 / copies)
+            # the GEMV reads the packed weight and the plan's derived (scale, offset) words: the recipe's keep
+            # after the weight's own (qweight, scale, offset)
+            derived = recipe(q, torch.float16, 1, K, 0, False, 0).keep[3:]
+            reads.append(prefetchers([q.qweight, *derived]))
+        nbytes = sum(t.numel() * t.element_size() for t in (qw.qweight, *derived))
 
         def timed(fn):
-            return graph_us(Rotating(fn, copies), reps=reps)
+            return rotated_us(fn, len(qws))
 
         hot = graph_us(lambda: cutlass_ops.linear(x, qw), reps=60)
         for sleep_us in args.sleep_us:

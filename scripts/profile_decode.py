@@ -112,13 +112,14 @@ def linear_times(groups, layers: int):
 
 def standalone_times(config, idle_us: float) -> dict:
     """{(N, K): (back to back us, behind an idle kernel us, read kernel us)} for the layer's weights quantized
-    as ``config`` (a WeightOnlyConfig), M = 1 fp16, each timed in a CUDA graph rotating over weight copies."""
+    as ``config`` (a WeightOnlyConfig), M = 1 fp16, each timed in a CUDA graph rotating over weight copies
+    (``bench_llm_shapes.rotated_us``, as ``llm_shapes.md`` times them)."""
     import math
 
     import torch
     from _read_floor import read_floor_us
-    from _timing import Rotating, graph_us, sleep_cycles_per_us
-    from bench_llm_shapes import copies_for
+    from _timing import graph_us, sleep_cycles_per_us
+    from bench_llm_shapes import MIN_REPS, rotated_us, weight_copies
     from bench_weight_only import weight_bytes
 
     import cutlass_ops
@@ -128,26 +129,18 @@ def standalone_times(config, idle_us: float) -> dict:
     out = {}
     for N, K in sorted(set(SHAPES.values())):
         master = torch.randn(N, K, device="cuda", dtype=torch.float16).mul_(0.02)
-        qw = cutlass_ops.quantize_weight(master, bits=config.bits, block_size=config.block_size,
-                                         symmetric=config.symmetric)
-        nbytes = weight_bytes(qw)
-        copies = copies_for(nbytes, l2)
-        qws = [qw] + [cutlass_ops.quantize_weight(master, bits=config.bits, block_size=config.block_size,
-                                                  symmetric=config.symmetric) for _ in range(copies - 1)]
+        qws = weight_copies(master, config.bits, l2, block_size=config.block_size, symmetric=config.symmetric)
+        copies, nbytes = len(qws), weight_bytes(qws[0])
         x = torch.randn(1, K, device="cuda", dtype=torch.float16)
-        for q in qws:
-            cutlass_ops.linear(x, q)
-        torch.cuda.synchronize()
-        reps = copies * math.ceil(60 / copies)
-        timed = lambda fn: graph_us(Rotating(fn, copies), reps=reps)  # noqa: E731
-        back = timed(lambda i: cutlass_ops.linear(x, qws[i]))
-        idle = timed(lambda i: torch.cuda._sleep(cycles))
-        behind = timed(lambda i: (torch.cuda._sleep(cycles), cutlass_ops.linear(x, qws[i]))) - idle
+        back = rotated_us(lambda i: cutlass_ops.linear(x, qws[i]), copies)
+        idle = rotated_us(lambda i: torch.cuda._sleep(cycles), copies)
+        behind = rotated_us(lambda i: (torch.cuda._sleep(cycles), cutlass_ops.linear(x, qws[i])), copies) - idle
+        reps = copies * math.ceil(MIN_REPS / copies)  # as rotated_us
         read = read_floor_us(nbytes, lambda call: graph_us(call, reps=reps), copies)[0]
         out[(N, K)] = (back, behind, read)
         log.info("  %d x %d: back to back %.1f us, behind %.0f us idle %.1f, read kernel %.1f", N, K, back, idle_us,
                  behind, read)
-        del qws, qw, master
+        del qws, master
         torch.cuda.empty_cache()
     return out
 

@@ -28,9 +28,9 @@ from custom_kernels.recipe import BIAS, OUT, WORKSPACE, X, MapOf, Recipe, step_o
 
 from .block_scaled import BlockScaledWeight, _check_block_size, row_scale_planes, slice_scales
 from .fused import OUT_KIND, FusedTmaArgs, config_problem
-from .launches import TAGS, GridLaunches, device_index, grid_launches, rows
+from .launches import TAGS, GridLaunches, device_index, rows
 from .quant_a import SOURCE as QUANT_A_SOURCE
-from .quant_a import quantize_rows_launch
+from .quant_a import quantize_rows_into, quantize_rows_launch
 from .tiles import (BLOCK_SCALED_CONFIGS, BLOCK_SCALED_SIZES, WGMMA_CC, TileConfig, choose_block_scaled_config,
                     choose_splits, k_units)
 from .tma import encode_maps, tensor_map_2d
@@ -70,13 +70,7 @@ def quantize_activation_block_scaled_gpu(x2d: torch.Tensor, block_size: int, *, 
     else:
         scales = torch.empty((M, G), dtype=torch.float32, device=dev)
         ld_param, g_stride = G, 1
-    if M * G:
-        device = device_index(x2d)
-        with on_device(device):
-            launches, grid, fields = quantize_rows_launch(x2d.dtype, M, K, x2d.stride(0), bs, device, x2d.data_ptr(),
-                                                          A_q.data_ptr(), (scales.data_ptr(), 0, 0), ld_param,
-                                                          g_stride, SYMMETRIC)
-            launches(grid, **fields)
+    quantize_rows_into(x2d, bs, A_q.data_ptr(), (scales.data_ptr(), 0, 0), ld_param, g_stride, SYMMETRIC)
     return A_q, scales
 
 

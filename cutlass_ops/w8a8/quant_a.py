@@ -106,7 +106,8 @@ def quantize_rows_into(x2d: torch.Tensor, block_size: int, A_q: int, params: tup
                        g_stride: int, defines: tuple = ()) -> None:
     """QuantA of x2d [M, K] (CUDA, a float dtype, rows with a contiguous last dimension, block_size dividing
     K: the caller's checks) into device addresses: A_q int8 [M, K] (row stride K), (scale, offset, sum_q) of
-    (row m, block g) at m * ld_param + g * g_stride elements from ``params``. One launch."""
+    (row m, block g) at m * ld_param + g * g_stride elements from ``params``. One launch. ``defines``: as
+    :func:`quantize_rows_launch`'s."""
     M, K = x2d.shape
     if not M * (K // block_size):
         return

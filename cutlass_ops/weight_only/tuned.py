@@ -276,16 +276,12 @@ def tuned_for(qw, M: int, dtype: torch.dtype, device: int, cc: int) -> tuple[str
     return choice
 
 
-# gemv_mma's loop options, written only where they differ from the kernel's default (entries older than them
-# read as before).
-_WRITTEN_WHEN_SET = {"chains": 1, "full_batches": 0}
-
-
 def config_json(config) -> dict[str, Any]:
-    """A config as an entry's ``"config"`` object: every field, those left None (``splits``: automatic) and the
-    loop options at their defaults (``_WRITTEN_WHEN_SET``) out."""
+    """A config as an entry's ``"config"`` object: every field, those left None (``splits``: automatic) and those
+    the config class writes only when set (its ``json_when_set``) at their defaults out."""
+    when_set = getattr(config, "json_when_set", ())
     return {k: v for k, v in dataclasses.asdict(config).items()
-            if v is not None and _WRITTEN_WHEN_SET.get(k, object()) != v}
+            if v is not None and not (k in when_set and v == getattr(type(config), k))}
 
 
 def shipped_entries(tuning_dir: str | Path | None = None) -> Iterator[tuple[int | None, TunedEntry]]:

@@ -8,6 +8,7 @@ launch for a GPU. ``cutlass_ops.weight_only`` re-exports all of it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 __all__ = ["GemmConfig", "GEMM_CONFIGS", "default_gemm_config", "GemvMmaConfig", "SMALL_M_GEMV_MMA",
            "default_gemv_mma_config", "StreamConfig", "StreamShape", "stream_launch_shape", "chunk_elems",
@@ -54,6 +55,8 @@ class GemvMmaConfig:
     splits: int | None = None
     chains: int = 1
     full_batches: int = 0
+    # the loop options: written to tuning files only when set, so entries older than them read as before
+    json_when_set: ClassVar[tuple[str, ...]] = ("chains", "full_batches")
 
     def __post_init__(self):
         for name, allowed in (("row_tiles", (1, 2, 4)), ("unroll", (1, 2, 4, 8)), ("min_blocks", (1, 2, 3, 4)),
@@ -67,7 +70,7 @@ class GemvMmaConfig:
         """The NVRTC defines that differ from the kernel's defaults (defaults compile as before)."""
         base = GemvMmaConfig()
         return {f"GEMV_MMA_{k.upper()}": getattr(self, k)
-                for k in ("row_tiles", "unroll", "min_blocks", "chains", "full_batches")
+                for k in ("row_tiles", "unroll", "min_blocks", *self.json_when_set)
                 if getattr(self, k) != getattr(base, k)}
 
 
