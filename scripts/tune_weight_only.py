@@ -52,7 +52,8 @@ from bench_llm_shapes import GROUP, M_VALUES, SHAPES, name, rotated_us, selected
 
 from cutlass_ops.weight_only import tuned
 from cutlass_ops.weight_only.variants import (
-    GemmSmallMConfig, GemvMmaConfig, default_gemm_small_m_config, default_gemv_mma_config,
+    GemmSmallMConfig, GemmWgmmaConfig, GemvMmaConfig, default_gemm_small_m_config, default_gemm_wgmma_config,
+    default_gemv_mma_config,
 )
 
 log = logging.getLogger("tune_weight_only")
@@ -80,6 +81,12 @@ GEMV_MMA_CONFIGS = (*_GEMV_MMA_SHAPES, *(dataclasses.replace(c, full_batches=1) 
 GEMM_SMALL_M_CONFIGS = (GemmSmallMConfig(), GemmSmallMConfig(stages=2), GemmSmallMConfig(row_tiles=4, warps=4),
                         GemmSmallMConfig(warps=4))
 GEMM_SMALL_M_FROM_M = 8  # below it gemm_small_m's shared activation tile buys nothing (sweep_small_m.md)
+# gemm_wgmma variants (sm_90 only, from M = 16): the default's two forms (3 stages and 2 blocks per SM; 4 stages and
+# 1 block), 4 stages with 2 blocks, and 4 warpgroups per block (256 rows of N share one staged activation tile)
+# with 3 and 4 stages.
+GEMM_WGMMA_CONFIGS = (GemmWgmmaConfig(stages=3, min_blocks=2), GemmWgmmaConfig(), GemmWgmmaConfig(min_blocks=2),
+                      GemmWgmmaConfig(warpgroups=4, stages=3), GemmWgmmaConfig(warpgroups=4))
+GEMM_WGMMA_FROM_M = 16
 QUICK_M = (1, 4, 16, 64)
 MAX_M = 64  # both strategies take M <= 64
 MIN_GAIN = 0.02
@@ -97,14 +104,19 @@ class Candidate(NamedTuple):
         if self.strategy == "gemv_mma":
             return (f"gemv_mma r{c.row_tiles}u{c.unroll}b{c.min_blocks}w{c.warps}" + (f"k{c.splits}" if c.splits else "")
                     + (f"c{c.chains}" if c.chains != 1 else "") + ("f" if c.full_batches else ""))
+        if self.strategy == "gemm_wgmma":
+            return (f"gemm_wgmma g{c.warpgroups}s{c.stages}p{c.prefetch}b{c.min_blocks}" + ("o" if c.overlap else "")
+                    + (f"k{c.splits}" if c.splits else ""))
         return f"gemm_small_m r{c.row_tiles}w{c.warps}s{c.stages}" + (f"k{c.splits}" if c.splits else "")
 
 
-def candidates(M: int) -> list[Candidate]:
-    """The candidates timed at M rows, the reference (gemv_mma's default variant) first."""
+def candidates(M: int, cc: int = 80) -> list[Candidate]:
+    """The candidates timed at M rows on sm_``cc``, the reference (gemv_mma's default variant) first."""
     found = [Candidate("gemv_mma", c) for c in GEMV_MMA_CONFIGS]
     if M >= GEMM_SMALL_M_FROM_M:
         found += [Candidate("gemm_small_m", c) for c in GEMM_SMALL_M_CONFIGS if M <= c.max_m]
+    if cc == 90 and M >= GEMM_WGMMA_FROM_M:
+        found += [Candidate("gemm_wgmma", c) for c in GEMM_WGMMA_CONFIGS]
     return found
 
 
@@ -116,6 +128,8 @@ def rule_candidate(strategy: str, M: int, bits: int, N: int | None = None, K: in
         return Candidate(strategy, default_gemv_mma_config(M, bits, N, K, sm_count))
     if strategy == "gemm_small_m":
         return Candidate(strategy, default_gemm_small_m_config(M, bits))
+    if strategy == "gemm_wgmma":
+        return Candidate(strategy, default_gemm_wgmma_config(M, bits))
     return None
 
 
@@ -210,7 +224,7 @@ def precompile(bits_list, m_values, cc: int, arch: str, jobs: int) -> None:
     for bits in bits_list:
         for M in m_values:
             rules = [rule_candidate(s, M, bits) for s in ("gemv_mma", "gemm_small_m")]
-            for cand in {*candidates(M), *filter(None, rules)}:
+            for cand in {*candidates(M, cc), *filter(None, rules)}:
                 for source, _kernel, defines in plan_class(cand.strategy, cc).kernels(M, DTYPE, bits, cand.config):
                     modules.add((source, tuple(sorted(defines.items()))))
     t0 = time.perf_counter()
@@ -249,7 +263,7 @@ def tune_weight(shape, bits: int, args, l2: int, cc: int, device: int) -> list[R
         xs = [torch.randn(M, K, device="cuda", dtype=DTYPE) for _ in qws]
         outs = [torch.empty(M, N, device="cuda", dtype=DTYPE) for _ in qws]
         rule = rule_candidate(choose_strategy(M, DTYPE, qws[0], cc), M, bits, N, K, sms)
-        todo = candidates(M) + ([rule] if rule is not None and rule not in candidates(M) else [])
+        todo = candidates(M, cc) + ([rule] if rule is not None and rule not in candidates(M, cc) else [])
         ref, tol, times, notes = None, None, {}, []
         for cand in todo:
             try:
@@ -302,7 +316,8 @@ def report(rows: list[Row], args, gpu: str, json_path: Path | None, failed: list
              f"fp16 activations, asymmetric minmax, block {GROUP}. Device us per call: CUDA graphs of >= 60 calls "
              "rotating over >= 3x L2 of weight and x copies (median of 10 replays). Candidates: gemv_mma "
              "r<row tiles>u<unroll>b<min blocks>w<warps>[k<K splits>], and from M = "
-             f"{GEMM_SMALL_M_FROM_M} gemm_small_m r<row tiles>w<warps>s<stages>; each checked against gemv_mma's "
+             f"{GEMM_SMALL_M_FROM_M} gemm_small_m r<row tiles>w<warps>s<stages>, and on sm_90 from M = "
+             f"{GEMM_WGMMA_FROM_M} gemm_wgmma g<warpgroups>s<stages>p<prefetch>b<min blocks>; each checked against gemv_mma's "
              "default variant (max |diff| <= 1% of max |y|) before it is timed. rule-based: what dispatch.py and "
              "variants.default_*_config pick (`CUTLASS_OPS_TUNED=0`). chosen: the fastest, unless it beats the rule "
              f"by less than {args.min_gain:.0%} (then the rule's). rule / chosen: the speed-up the tuned entry gives.",

@@ -230,7 +230,7 @@ def recorder(monkeypatch):
     from cutlass_ops.conv import depthwise as conv_depthwise
     from cutlass_ops.conv import dequant_cudnn as conv_dequant_cudnn
     from cutlass_ops.conv import small_ci as conv_small_ci
-    from cutlass_ops.weight_only import dequant_cublas, gemm_small_m, gemv_mma, gemv_stream, splitk
+    from cutlass_ops.weight_only import dequant_cublas, gemm_small_m, gemm_wgmma, gemv_mma, gemv_stream, splitk
 
     recorded: set[KernelUse] = set()
     gpu = {"cc": 90, "sms": 132}
@@ -249,8 +249,8 @@ def recorder(monkeypatch):
     monkeypatch.setattr(weight_only, "capability", lambda device=None: gpu["cc"])
     for module in (weight_only, dequant_cublas):
         monkeypatch.setattr(module, "on_device", lambda device: contextlib.nullcontext())
-    for module in (gemv_mma, splitk, gemv_stream, dequant_cublas, gemm_small_m, conv, conv_depthwise, conv_small_ci,
-                   conv_dequant_cudnn):
+    for module in (gemv_mma, splitk, gemv_stream, dequant_cublas, gemm_small_m, gemm_wgmma, conv, conv_depthwise,
+                   conv_small_ci, conv_dequant_cudnn):
         if hasattr(module, "sm_count"):
             monkeypatch.setattr(module, "sm_count", lambda device: gpu["sms"])
     for module in (gemv_stream, gemm_small_m, conv_small_ci):
@@ -300,7 +300,7 @@ def test_weight_only_plans_load_what_their_kernels_name(recorder, cc):
     assert checked > 500
     expected = {"gemv_simt.cu", "gemm_simt.cu", "dequant_weight.cu"} | (
         {"gemv_mma.cu", "gemm_small_m.cu", "gemm_mma.cu", "splitk_reduce.cu"} if cc >= 80 else set()) | (
-        {"gather_k.cu"} if cc >= 90 else set())
+        {"gather_k.cu", "gemm_wgmma.cu"} if cc >= 90 else set())
     assert seen == expected, seen ^ expected
 
 

@@ -106,8 +106,14 @@ def test_strategies_name_every_planner():
 
 
 @pytest.mark.parametrize("M, dtype, cc, bits, block_size, expected", [
-    (wo.DEQUANT_CUBLAS_MIN_M, torch.float16, 90, 4, 64, "dequant_cublas"),
-    (wo.DEQUANT_CUBLAS_MIN_M - 1, torch.float16, 90, 4, 64, "gemm_mma"),
+    (wo.DEQUANT_CUBLAS_MIN_M, torch.float16, 80, 4, 64, "dequant_cublas"),
+    (wo.DEQUANT_CUBLAS_MIN_M - 1, torch.float16, 80, 4, 64, "gemm_mma"),
+    (dispatch.GEMM_WGMMA_LIMIT_M, torch.float16, 90, 4, 64, "gemm_wgmma"),   # Hopper: wgmma up to its limit
+    (dispatch.GEMM_WGMMA_LIMIT_M + 1, torch.float16, 90, 4, 64, "dequant_cublas"),
+    (dispatch.GEMM_WGMMA_MIN_M, torch.bfloat16, 90, 8, 128, "gemm_wgmma"),
+    (dispatch.GEMM_WGMMA_MIN_M - 1, torch.float16, 90, 4, 128, "gemm_small_m"),  # a narrow weight, below wgmma
+    (96, torch.float16, 90, 4, 16, "gemm_mma"),           # block 16 < one int4 chunk: wgmma refuses it
+    (96, torch.float32, 90, 4, 64, "gemm_simt"),          # wgmma takes fp16 / bf16 only
     (4096, torch.bfloat16, 80, 8, 128, "dequant_cublas"),
     (512, torch.float16, 75, 4, 64, "dequant_cublas"),    # fp16 cuBLAS runs on sm_75
     (512, torch.bfloat16, 75, 4, 64, "gemm_simt"),        # bf16 GEMM needs sm_80
@@ -116,7 +122,7 @@ def test_strategies_name_every_planner():
     (1, torch.float16, 90, 4, 64, "gemv_mma"),            # SMALL_M_GEMV default
     (7, torch.bfloat16, 90, 8, 64, "gemv_mma"),
     (8, torch.bfloat16, 90, 4, 64, "gemm_small_m"),       # GEMM_SMALL_M_MIN_M (a narrow int4 weight)
-    (32, torch.bfloat16, 90, 8, 64, "gemv_mma"),          # int8: from GEMM_SMALL_M_INT8_MIN_M
+    (32, torch.bfloat16, 80, 8, 64, "gemv_mma"),          # int8: from GEMM_SMALL_M_INT8_MIN_M
     (1, torch.float16, 75, 4, 64, "gemv_simt"),           # the table applies on sm_80+ only
 ])
 def test_default_strategy(M, dtype, cc, bits, block_size, expected):
@@ -138,8 +144,29 @@ def test_small_m_table_flips_the_default(monkeypatch):
 def test_threshold_moves_the_dispatch(monkeypatch):
     qw = _qw()
     monkeypatch.setattr(dispatch, "DEQUANT_CUBLAS_MIN_M", 64)
-    assert wo.choose_strategy(64, torch.float16, qw, 90) == "dequant_cublas"
-    assert wo.choose_strategy(63, torch.float16, qw, 90) == "gemm_small_m"
+    assert wo.choose_strategy(64, torch.float16, qw, 80) == "dequant_cublas"
+    assert wo.choose_strategy(63, torch.float16, qw, 80) == "gemm_small_m"
+
+
+def test_wgmma_switch_and_thresholds_move_the_hopper_dispatch(monkeypatch):
+    qw = _qw(bits=4, block_size=128)
+    assert wo.choose_strategy(64, torch.float16, qw, 90) == "gemm_wgmma"
+    assert wo.choose_strategy(64, torch.float16, qw, 80) == "gemm_small_m"  # sm_80 has no wgmma
+    monkeypatch.setattr(dispatch, "GEMM_WGMMA_MIN_M", 65)
+    assert wo.choose_strategy(64, torch.float16, qw, 90) == "gemm_small_m"
+    assert wo.choose_strategy(65, torch.float16, qw, 90) == "gemm_wgmma"
+    monkeypatch.setattr(dispatch, "GEMM_WGMMA_DEFAULT", False)
+    assert wo.choose_strategy(65, torch.float16, qw, 90) == "gemm_mma"
+    assert dispatch.candidates_constant_from() > dispatch.GEMM_WGMMA_LIMIT_M
+
+
+def test_wgmma_problem_names_the_constraint():
+    qw4 = _qw(bits=4, block_size=64)
+    assert "sm_90" in wo.strategy_problem("gemm_wgmma", 32, torch.float16, qw4, 80)
+    assert "float32" in wo.strategy_problem("gemm_wgmma", 32, torch.float32, qw4, 90)
+    assert "M <= 128" in wo.strategy_problem("gemm_wgmma", 129, torch.float16, qw4, 90)
+    assert "block_size" in wo.strategy_problem("gemm_wgmma", 32, torch.float16, _qw(bits=4, block_size=16), 90)
+    assert wo.strategy_problem("gemm_wgmma", 128, torch.bfloat16, qw4, 90) is None
 
 
 def test_strategy_problem_names_the_constraint():

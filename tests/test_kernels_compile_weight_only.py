@@ -120,8 +120,10 @@ def test_scale_offset_words_reject_float16_overflow():
 @pytest.mark.parametrize("M, dtype, cc, bits, block_size, expected", [
     (1, torch.float16, 90, 4, 64, "gemv_mma"),
     (33, torch.bfloat16, 80, 8, 128, "gemm_small_m"),
-    (64, torch.float16, 90, 4, 64, "gemm_small_m"),
-    (65, torch.float16, 90, 4, 64, "gemm_mma"),
+    (64, torch.float16, 80, 4, 64, "gemm_small_m"),
+    (65, torch.float16, 80, 4, 64, "gemm_mma"),
+    (64, torch.float16, 90, 4, 64, "gemm_wgmma"),
+    (65, torch.float16, 90, 4, 64, "gemm_wgmma"),
     (512, torch.float16, 90, 8, None, "dequant_cublas"),
     (1, torch.float32, 90, 4, 64, "gemv_simt"),
     (9, torch.float32, 90, 4, 64, "gemm_simt"),

@@ -66,6 +66,7 @@ from .dispatch import (
 from .gemm_mma import GemmMmaPlan, gemm_mma_smem
 from .gemm_simt import GemmSimtPlan
 from .gemm_small_m import GemmSmallMPlan
+from .gemm_wgmma import GemmWgmmaPlan
 from .gemv_dp4a import GemvDp4aPlan
 from .gemv_mma import GemvMmaGatherPlan, GemvMmaPdlPlan, GemvMmaPlan
 from .gemv_simt import GemvSimtPlan
@@ -74,7 +75,8 @@ from .shared import ELEMENT, block_shift, pack_scale_offset
 from .splitk import SplitKGemvPlan
 from .tuned import tuned_for
 from .variants import (
-    GEMM_CONFIGS, SMALL_M_GEMV_MMA, GemmConfig, GemmSmallMConfig, GemvMmaConfig, SmallMShape, StreamConfig,
+    GEMM_CONFIGS, SMALL_M_GEMV_MMA, GemmConfig, GemmSmallMConfig, GemmWgmmaConfig, GemvMmaConfig, SmallMShape,
+    StreamConfig,
     StreamShape, default_gemm_config, default_gemm_small_m_config, default_gemv_mma_config, gemm_small_m_smem,
     small_m_launch_shape, stream_launch_shape,
 )
@@ -83,7 +85,7 @@ __all__ = ["STRATEGIES", "GEMV_MMA_MAX_M", "DEQUANT_CUBLAS_MIN_M", "SMALL_M_GEMV
            "GEMM_CONFIGS", "GemvMmaConfig", "SMALL_M_GEMV_MMA", "StreamConfig", "StreamShape",
            "default_gemm_config", "default_gemv_mma_config", "stream_launch_shape", "linear_weight_only",
            "dequantize_weight", "choose_strategy", "strategy_problem", "get_plan", "dispatch",
-           "ELEMENT", "block_shift", "pack_scale_offset", "gemm_mma_smem", "GemmSmallMConfig", "SmallMShape",
+           "ELEMENT", "block_shift", "pack_scale_offset", "gemm_mma_smem", "GemmSmallMConfig", "GemmWgmmaConfig", "SmallMShape",
            "default_gemm_small_m_config", "gemm_small_m_smem", "small_m_launch_shape", "plan_class",
            "candidate_strategies", "recipe"]
 
@@ -91,6 +93,7 @@ __all__ = ["STRATEGIES", "GEMV_MMA_MAX_M", "DEQUANT_CUBLAS_MIN_M", "SMALL_M_GEMV
 PLANS = {
     "gemv_mma": GemvMmaPlan,
     "gemm_small_m": GemmSmallMPlan,
+    "gemm_wgmma": GemmWgmmaPlan,
     "gemv_stream": GemvStreamPlan,
     "gemv_simt": GemvSimtPlan,
     "gemv_dp4a": GemvDp4aPlan,

@@ -11,12 +11,13 @@ from .variants import chunk_elems
 __all__ = [
     "STRATEGIES", "GEMV_MMA_MAX_M", "DEQUANT_CUBLAS_MIN_M", "SMALL_M_GEMV", "GEMM_SMALL_M_DEFAULT",
     "GEMM_SMALL_M_MIN_M", "GEMM_SMALL_M_WIDE_MIN_M", "GEMM_SMALL_M_NARROW_N", "GEMM_SMALL_M_INT8_MIN_M",
+    "GEMM_WGMMA_DEFAULT", "GEMM_WGMMA_MIN_M", "GEMM_WGMMA_LIMIT_M",
     "strategy_problem", "candidate_strategies", "candidates_constant_from", "choose_strategy",
     "dequant_problem"
 ]
 
 # Every strategy name (benchmarks and tests iterate over this).
-STRATEGIES = ("gemv_mma", "gemm_small_m", "gemv_stream", "gemv_simt", "gemv_dp4a", "gemm_mma", "dequant_cublas",
+STRATEGIES = ("gemv_mma", "gemm_small_m", "gemm_wgmma", "gemv_stream", "gemv_simt", "gemv_dp4a", "gemm_mma", "dequant_cublas",
               "gemm_simt")
 # Default switch from the tensor-core GEMV to the GEMM. H200, N = K = 8192, W4A16: gemv_mma 23 us at
 # M = 16, 39 us at 32, 62 us at 64; gemm_mma 103-106 us at M = 16..64.
@@ -50,6 +51,16 @@ GEMM_SMALL_M_NARROW_N = 4096
 # int8 weights take gemm_small_m from this M only: at M = 32 it lost to gemv_mma on 12 of 34 Llama shapes
 # (up to 1.34x, wide N / long K: 70B down, 8B qkv-12288), at M = 64 it wins on 27 of 34 (H100 llm_shapes).
 GEMM_SMALL_M_INT8_MIN_M = 33
+# "gemm_wgmma" (wgmma with the dequantized weights as the register A operand: gemm_wgmma.cu, sm_90 only) is the
+# default for GEMM_WGMMA_MIN_M <= M <= GEMM_WGMMA_LIMIT_M there, ahead of gemm_small_m, gemv_mma and dequant_cublas.
+# H200, W4A16 g128, the Llama-3-8B weights (us; 20th session, variants.default_gemm_wgmma_config), against the
+# dispatch before it: M = 16 slower on 3 of 4 (qkv 6144 x 4096 12.3 vs 10.5), M = 32 faster on 3 and level on 1
+# (gate 14336 x 4096 26.5 vs 29.1), M = 64 1.16-1.23x faster (gate 35.7 vs 42.8, down 4096 x 14336 30.6 vs 37.7),
+# M = 96 2.2-4.5x faster than gemm_mma (down 51.5 vs 230.9), M = 128 1.15-1.41x faster than dequant_cublas on
+# 3 of 4 (down 58.0 vs 81.7; qkv 36.1 vs 33.6).
+GEMM_WGMMA_DEFAULT = True
+GEMM_WGMMA_MIN_M = 17
+GEMM_WGMMA_LIMIT_M = 128  # gemm_wgmma_mt16: wgmma n = 128
 GEMV_MAX_M = 8          # gemv_simt / gemv_stream / gemv_dp4a instantiate M = 1..8
 
 
@@ -77,8 +88,13 @@ def strategy_problem(strategy: str, M: int, dtype: torch.dtype, qw, cc: int) -> 
             return f"{strategy} needs float16/bfloat16 activations, got float32"
         if cc < 80:
             return f"{strategy} needs sm_80+ (mma.m16n8k16), this GPU is sm_{cc}"
-    if strategy in ("gemv_mma", "gemm_small_m"):  # one 16-byte chunk per lane and trip, one group shift
-        limit = GEMV_MMA_LIMIT_M if strategy == "gemv_mma" else GEMM_SMALL_M_LIMIT_M
+    if strategy == "gemm_wgmma":
+        if dtype == torch.float32:
+            return "gemm_wgmma needs float16/bfloat16 activations, got float32"
+        if cc != 90:
+            return f"gemm_wgmma needs sm_90 (wgmma), this GPU is sm_{cc}"
+    if strategy in ("gemv_mma", "gemm_small_m", "gemm_wgmma"):  # one 16-byte chunk per lane and trip, one group shift
+        limit = {"gemv_mma": GEMV_MMA_LIMIT_M, "gemm_small_m": GEMM_SMALL_M_LIMIT_M}.get(strategy, GEMM_WGMMA_LIMIT_M)
         if M > limit:
             return f"{strategy} takes M <= {limit}, got M={M}"
         if K % ce:
@@ -115,13 +131,16 @@ def strategy_problem(strategy: str, M: int, dtype: torch.dtype, qw, cc: int) -> 
 
 def candidate_strategies(M: int, dtype: torch.dtype, cc: int) -> list[str]:
     """The default dispatch's candidates for M rows of ``dtype`` on sm_``cc``, in order (:func:`choose_strategy`
-    takes the first that applies to the weight): dequant_cublas (fp16/bf16, M >= ``DEQUANT_CUBLAS_MIN_M``),
+    takes the first that applies to the weight): gemm_wgmma (fp16/bf16, sm_90, ``GEMM_WGMMA_MIN_M`` <= M <=
+    ``GEMM_WGMMA_LIMIT_M``, with ``GEMM_WGMMA_DEFAULT`` on), dequant_cublas (fp16/bf16, M >= ``DEQUANT_CUBLAS_MIN_M``),
     gemm_small_m (fp16/bf16, sm_80+, ``GEMM_SMALL_M_MIN_M`` <= M <= ``GEMM_SMALL_M_LIMIT_M``, with
     ``GEMM_SMALL_M_DEFAULT`` on; :func:`choose_strategy` skips it for wide weights below
     ``GEMM_SMALL_M_WIDE_MIN_M``), ``SMALL_M_GEMV[M]`` (fp16/bf16, sm_80+), gemv_mma (fp16/bf16, sm_80+, M <=
     ``GEMV_MMA_MAX_M``), gemv_simt (M <= 8), gemm_mma (fp16/bf16, sm_80+), gemm_simt."""
     tensor_cores = dtype != torch.float32 and cc >= 80
-    order = ["dequant_cublas"] if dtype != torch.float32 and M >= DEQUANT_CUBLAS_MIN_M else []
+    order = ["gemm_wgmma"] if (tensor_cores and cc == 90 and GEMM_WGMMA_DEFAULT
+                               and GEMM_WGMMA_MIN_M <= M <= GEMM_WGMMA_LIMIT_M) else []
+    order += ["dequant_cublas"] if dtype != torch.float32 and M >= DEQUANT_CUBLAS_MIN_M else []
     if tensor_cores and GEMM_SMALL_M_DEFAULT and GEMM_SMALL_M_MIN_M <= M <= GEMM_SMALL_M_LIMIT_M:
         order.append("gemm_small_m")
     if tensor_cores and M in SMALL_M_GEMV:
@@ -138,7 +157,7 @@ def candidate_strategies(M: int, dtype: torch.dtype, cc: int) -> list[str]:
 def candidates_constant_from() -> int:
     """The M from which :func:`candidate_strategies` returns the same list for every larger M (the
     thresholds above, read now: ``SMALL_M_GEMV`` and ``GEMM_SMALL_M_DEFAULT`` may have been changed)."""
-    return max(DEQUANT_CUBLAS_MIN_M, GEMV_MMA_MAX_M + 1, GEMV_MAX_M + 1, GEMM_SMALL_M_LIMIT_M + 1,
+    return max(DEQUANT_CUBLAS_MIN_M, GEMV_MMA_MAX_M + 1, GEMV_MAX_M + 1, GEMM_SMALL_M_LIMIT_M + 1, GEMM_WGMMA_LIMIT_M + 1,
                max(SMALL_M_GEMV, default=0) + 1)
 
 

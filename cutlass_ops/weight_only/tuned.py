@@ -57,7 +57,7 @@ from custom_kernels.launch import switch_on
 from cutlass_ops.tuning_files import TUNING_DIR, gpu_file_name
 
 from .dispatch import strategy_problem
-from .variants import GemmSmallMConfig, GemvMmaConfig
+from .variants import GemmSmallMConfig, GemmWgmmaConfig, GemvMmaConfig
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +68,12 @@ __all__ = ["SECTION", "ENV_SWITCH", "CONFIG_TYPES", "TUNING_DIR", "TunedEntry", 
 SECTION = "weight_only"
 ENV_SWITCH = "CUTLASS_OPS_TUNED"
 # strategy -> its kernel variant class: the strategies a tuned entry may name
-CONFIG_TYPES: dict[str, type] = {"gemv_mma": GemvMmaConfig, "gemm_small_m": GemmSmallMConfig}
+CONFIG_TYPES: dict[str, type] = {"gemv_mma": GemvMmaConfig, "gemm_small_m": GemmSmallMConfig,
+                                  "gemm_wgmma": GemmWgmmaConfig}
 # TUNING_DIR (imported above, shared with the int8 GEMM tiles) is where the per-GPU files live; tests point
 # this module's name elsewhere.
 _ENTRY_KEYS = ("N", "K", "bits", "block_size", "M", "strategy", "config")
-_MAX_M = 64  # gemv_mma and gemm_small_m take M <= 64 (8 tiles of 8 rows); a row_tiles=4 gemm_small_m 32
+_MAX_M = 64  # entries cover M <= 64 (gemv_mma / gemm_small_m: 8 tiles of 8 rows; a row_tiles=4 gemm_small_m 32)
 
 
 @dataclasses.dataclass(frozen=True)

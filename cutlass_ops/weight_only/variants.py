@@ -13,7 +13,7 @@ from typing import ClassVar
 __all__ = ["GemmConfig", "GEMM_CONFIGS", "default_gemm_config", "GemvMmaConfig", "SMALL_M_GEMV_MMA",
            "default_gemv_mma_config", "StreamConfig", "StreamShape", "stream_launch_shape", "chunk_elems",
            "GemmSmallMConfig", "default_gemm_small_m_config", "small_m_tiles", "gemm_small_m_smem", "SmallMShape",
-           "small_m_launch_shape"]
+           "small_m_launch_shape", "GemmWgmmaConfig", "default_gemm_wgmma_config", "wgmma_tiles", "gemm_wgmma_smem", "wgmma_launch_shape"]
 
 
 def chunk_elems(bits: int) -> int:
@@ -274,5 +274,98 @@ def small_m_launch_shape(N: int, K: int, bits: int, sm_count: int, config: GemmS
     else:
         splits = min(max(1, sm_count * max(1, blocks_per_sm) // blocks_n),
                      max(1, chunks // (SMALL_M_MIN_SPLIT_STAGES * stage_chunks)))
+    per_split = -(-(-(-chunks // splits)) // stage_chunks) * stage_chunks
+    return SmallMShape(blocks_n, -(-chunks // per_split), per_split)
+
+
+# ---------------------------------------------------------------------------------------------
+# gemm_wgmma (gemm_wgmma.cu, sm_90a): wgmma with the dequantized weights as the register A operand
+# ---------------------------------------------------------------------------------------------
+
+WGMMA_STAGE_ELEMS = 128      # kStageElems: K elements per activation stage (two 128-byte swizzle rows)
+WGMMA_MIN_SPLIT_STAGES = 2   # a K split keeps at least this many stages
+WGMMA_M_TILES = (1, 2, 4, 8, 16)  # entry points gemm_wgmma_mt{MT}: wgmma n = 8 MT
+
+
+@dataclass(frozen=True)
+class GemmWgmmaConfig:
+    """A gemm_wgmma kernel variant (gemm_wgmma.cu ``GEMM_WGMMA_*`` defines): ``warpgroups`` per block (each
+    64 rows of N; they share the staged activations), ``stages`` of the activation tile in shared memory,
+    ``prefetch`` weight trips in flight per lane, ``min_blocks`` the ``__launch_bounds__`` blocks per SM, ``overlap``
+    (1) a trip's dequantization while the previous trip's wgmmas run (two fragment sets, stages >= 3),
+    ``splits`` the K splits across blocks (None: :func:`wgmma_launch_shape`'s rule)."""
+
+    warpgroups: int = 2
+    stages: int = 4
+    prefetch: int = 2
+    min_blocks: int = 1
+    overlap: int = 0
+    splits: int | None = None
+
+    def __post_init__(self):
+        for name, allowed in (("warpgroups", (1, 2, 4)), ("stages", (2, 3, 4, 5, 6)), ("prefetch", (2, 4, 8)),
+                              ("min_blocks", (1, 2, 3, 4)), ("overlap", (0, 1))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"GemmWgmmaConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if self.splits is not None and (isinstance(self.splits, bool) or not isinstance(self.splits, int)
+                                        or self.splits < 1):
+            raise ValueError(f"GemmWgmmaConfig.splits must be None or a positive int, got {self.splits!r}")
+
+    @property
+    def rows_per_block(self) -> int:
+        """Rows of N per block."""
+        return 64 * self.warpgroups
+
+    def defines(self) -> dict[str, int]:
+        """The NVRTC defines that differ from the kernel's defaults (defaults compile as the plain file)."""
+        base = GemmWgmmaConfig()
+        return {f"GEMM_WGMMA_{k.upper()}": getattr(self, k) for k in ("warpgroups", "stages", "prefetch", "min_blocks",
+                                                                      "overlap")
+                if getattr(self, k) != getattr(base, k)}
+
+
+def default_gemm_wgmma_config(M: int, bits: int = 4) -> GemmWgmmaConfig:
+    """The gemm_wgmma variant the default dispatch uses (H200, the Llama-3-8B weights, block 128, us; twentieth
+    session): 4 warpgroups per block (256 rows of N share one staged activation tile, 1 block of 512 threads
+    at <= 128 registers) and 3 stages, except int8 at M <= 64, where 2 warpgroups, 3 stages and 2 blocks per SM
+    were ahead on every weight (qkv 6144 x 4096 M = 64 22.4 vs 23.6, gate 14336 x 4096 43.9 vs 46.3). int4 M = 64:
+    gate 34.2 vs 35.7, down 4096 x 14336 29.1 vs 30.7; M = 128: down W8 51.2 vs 70.8 with 2 warpgroups and 4
+    stages, qkv W4 30.2 vs 36.0. A trip's dequantization overlapped with the previous trip's wgmmas
+    (``overlap=1``: two fragment sets, 255 registers, one block per SM) and 4 trips of weight loads in flight were
+    slower on every one of them."""
+    if bits == 8 and wgmma_tiles(M) <= 8:
+        return GemmWgmmaConfig(stages=3, min_blocks=2)
+    return GemmWgmmaConfig(warpgroups=4, stages=3)
+
+
+def wgmma_tiles(M: int) -> int:
+    """M tiles of 8 rows of the entry point that runs M rows: gemm_wgmma_mt{1,2,4,8,16}."""
+    if not 1 <= M <= 8 * WGMMA_M_TILES[-1]:
+        raise ValueError(f"gemm_wgmma takes 1 <= M <= {8 * WGMMA_M_TILES[-1]}, got M={M}")
+    return next(mt for mt in WGMMA_M_TILES if M <= 8 * mt)
+
+
+def gemm_wgmma_smem(m_tiles: int, stages: int) -> int:
+    """Dynamic shared memory of a gemm_wgmma block: ``stages`` x 8 m_tiles activation rows of 128 K elements
+    (2 bytes each), plus 1024 bytes to align the stages to the swizzle's 1024-byte period."""
+    return stages * 8 * m_tiles * 2 * WGMMA_STAGE_ELEMS + 1024
+
+
+def wgmma_launch_shape(N: int, K: int, bits: int, sm_count: int, config: GemmWgmmaConfig = GemmWgmmaConfig(),
+                       blocks_per_sm: int = 1) -> SmallMShape:
+    """The gemm_wgmma grid for one problem on one GPU (pure arithmetic, no GPU needed): ceil(N / rows_per_block)
+    blocks along N and, where that is less than one wave of resident blocks (``blocks_per_sm`` x ``sm_count``),
+    K split to about one wave, each split keeping at least ``WGMMA_MIN_SPLIT_STAGES`` stages;
+    ``config.splits`` forces the count (capped at one stage per split)."""
+    chunks = K // chunk_elems(bits)
+    stage_chunks = WGMMA_STAGE_ELEMS // chunk_elems(bits)
+    blocks_n = -(-N // config.rows_per_block)
+    wave = sm_count * max(1, blocks_per_sm)
+    if config.splits is not None:
+        splits = min(config.splits, -(-chunks // stage_chunks))
+    elif blocks_n >= wave:
+        splits = 1
+    else:
+        splits = min(max(1, wave // blocks_n), max(1, chunks // (WGMMA_MIN_SPLIT_STAGES * stage_chunks)))
     per_split = -(-(-(-chunks // splits)) // stage_chunks) * stage_chunks
     return SmallMShape(blocks_n, -(-chunks // per_split), per_split)

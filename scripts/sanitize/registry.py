@@ -8,12 +8,12 @@ from typing import Callable
 import torch
 
 
-FAMILIES = ("gemv_mma", "gemv_stream", "gemv_simt", "gemm_mma", "gemm_simt", "gemm_small_m", "dequant_weight",
+FAMILIES = ("gemv_mma", "gemv_stream", "gemv_simt", "gemm_mma", "gemm_simt", "gemm_small_m", "gemm_wgmma", "dequant_weight",
             "gemv_dp4a",
             "converters_test",
             "conv", "quant_a", "scheme2_epilogue", "w8a8_kblock_fused", "w8a8_kblock_wgmma", "quantize_weight",
             "quant_token")
-ALIASES = {"gemv": ("gemv_mma", "gemv_stream", "gemv_simt"), "gemm": ("gemm_mma", "gemm_simt", "gemm_small_m"),
+ALIASES = {"gemv": ("gemv_mma", "gemv_stream", "gemv_simt"), "gemm": ("gemm_mma", "gemm_simt", "gemm_small_m", "gemm_wgmma"),
            "dequant": "dequant_weight",
            "dp4a": "gemv_dp4a", "converters": "converters_test",
            "quant": "quant_a", "scheme2": "scheme2_epilogue", "w8a8": "w8a8_kblock_fused",
@@ -21,7 +21,7 @@ ALIASES = {"gemv": ("gemv_mma", "gemv_stream", "gemv_simt"), "gemm": ("gemm_mma"
 
 # Substrings (compute-sanitizer kns= filters) that together match every project kernel and, as far
 # as we know, no torch / cuBLAS kernel; --check-coverage checks the first half of that claim.
-SANITIZER_PREFIXES = ("gemv_", "gemm_mma_mt", "gemm_simt", "gemm_small_m", "conv_", "splitk_reduce", "gather_k", "dequant_", "quantize_q8_1",
+SANITIZER_PREFIXES = ("gemv_", "gemm_mma_mt", "gemm_simt", "gemm_small_m", "gemm_wgmma", "conv_", "splitk_reduce", "gather_k", "dequant_", "quantize_q8_1",
                       "test_int", "test_uint", "quant_a_", "precompute_sum_bq", "precompute_bvec", "bias_act_", "w8a8_kblock_gemm",
                       "w8a8_kblock_wgmma", "w8a8_row_planes", "quantize_weight_",
                       "quant_token_")

@@ -1,4 +1,4 @@
-"""Weight-only linear cases (gemv_{mma,stream,simt}.cu + splitk_reduce.cu, gemm_{mma,simt}.cu, gemm_small_m.cu,
+"""Weight-only linear cases (gemv_{mma,stream,simt}.cu + splitk_reduce.cu, gemm_{mma,simt}.cu, gemm_small_m.cu, gemm_wgmma.cu,
 dequant_weight.cu, gemv_dp4a.cu)."""
 from __future__ import annotations
 
@@ -101,6 +101,35 @@ def _small_m_cases(wo) -> None:
         names = [(SM, f"gemm_small_m_mt{mt(M)}")] + ([(R, "splitk_reduce")] if cfg.splits != 1 else [])
         _wo_case("gemm_small_m", "gemm_small_m", dtype, bits, M, 1031, 4160, 64, names, tag=tag, config=cfg,
                  min_cc=80, optional=True)
+
+
+def _wgmma_cases(wo) -> None:
+    """gemm_wgmma (fp16/bf16, sm_90a): every M tile count, split-K and not, block 32/64/128/per-channel, K tails
+    inside a trip and a stage, N tails inside a warpgroup's rows and past a whole warpgroup; the variants of
+    GemmWgmmaConfig (warpgroups, stages, prefetch, overlap) with --tunables."""
+    Config = getattr(wo, "GemmWgmmaConfig", None)
+    if Config is None:
+        return
+    W, R = "gemm_wgmma.cu", "splitk_reduce.cu"
+    mt = lambda M: next(t for t in (1, 2, 4, 8, 16) if M <= 8 * t)  # noqa: E731
+    one = Config(splits=1)
+    for dtype in (torch.float16, torch.bfloat16):
+        for bits in (4, 8):
+            for M, N, K, bs, cfg, tag in ((1, 4097, 992, 32, one, "nosplit"), (13, 259, 4160, 64, None, "splitk"),
+                                          (33, 4097, 4224, 128, one, "nosplit"), (64, 70, 4160, None, None, "splitk"),
+                                          (100, 515, 1056, 32, None, "splitk"), (17, 16, 96, 32, one, "tiny-k")):
+                names = [(W, f"gemm_wgmma_mt{mt(M)}")] + ([(R, "splitk_reduce")] if cfg is None else [])
+                _wo_case("gemm_wgmma", "gemm_wgmma", dtype, bits, M, N, K, bs, names, tag=tag, config=cfg,
+                         min_cc=90, act=M % 3, bias=M != 13)
+    for i, kwargs in enumerate(({"warpgroups": 1, "stages": 2}, {"overlap": 1, "prefetch": 4, "stages": 3},
+                                {"stages": 6, "prefetch": 8, "splits": 3}, {"min_blocks": 2, "splits": 1})):
+        cfg = Config(**kwargs)
+        dtype, bits = ((torch.float16, 4), (torch.bfloat16, 8))[i % 2]
+        M = (9, 64, 120, 40)[i]
+        tag = "cfg-" + "-".join(f"{k}{v}" for k, v in kwargs.items())
+        names = [(W, f"gemm_wgmma_mt{mt(M)}")] + ([(R, "splitk_reduce")] if cfg.splits != 1 else [])
+        _wo_case("gemm_wgmma", "gemm_wgmma", dtype, bits, M, 1031, 4160, 64, names, tag=tag, config=cfg,
+                 min_cc=90, optional=True)
 
 
 def _build_weight_only_cases() -> None:
@@ -207,6 +236,7 @@ def _build_weight_only_cases() -> None:
                  + ([(R, "splitk_reduce")] if N < 1000 else []), tag="act-order", min_cc=90, perm=True)
 
     _small_m_cases(wo)
+    _wgmma_cases(wo)
 
     # gemm_mma (fp16/bf16, sm_80+): both CTA tiles (GemmConfig 64 / 128), ragged N and K, the
     # division path (block 48), per-channel.

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from custom_kernels.device import sm_count, smem_limits
+from custom_kernels.device import capability, sm_count, smem_limits
 from cutlass_ops import weight_only as wo
 from cutlass_ops.reference import linear_reference
 
@@ -145,8 +145,11 @@ def test_dequant_cublas_block_sizes(bits, block_size):
 
 @pytest.mark.parametrize("dtype", HALF_TYPES, ids=_dtype_id)
 def test_default_dispatch_uses_dequant_cublas_from_the_threshold(dtype):
+    """From DEQUANT_CUBLAS_MIN_M, or on Hopper above gemm_wgmma's range when that reaches further."""
     qw = _weight(N_MAIN, K_MAIN, 4, 64, False)
     M = wo.DEQUANT_CUBLAS_MIN_M
+    if "gemm_wgmma" in wo.candidate_strategies(M, dtype, capability()):
+        M = wo.dispatch.GEMM_WGMMA_LIMIT_M + 1
     x, bias = _inputs(M, K_MAIN, N_MAIN, dtype, seed=22)
     _check(x, qw, bias, 2, None)
     plan = wo.get_plan(qw, M, dtype, x.device.index)
