@@ -14,7 +14,7 @@ import torch
 
 from cutlass_ops.cutlass.tuning import TUNING_DIR as INT8_TUNING_DIR, gpu_file_name
 from cutlass_ops.weight_only import tuned
-from cutlass_ops.weight_only.variants import GemmSmallMConfig, GemvMmaConfig, default_gemv_mma_config
+from cutlass_ops.weight_only.variants import GemmSmallMConfig, GemmWgmmaConfig, GemvMmaConfig, default_gemv_mma_config
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 GPU = "NVIDIA Test GPU 80GB"
@@ -323,3 +323,15 @@ def test_loop_options_written_only_when_set(tmp_path):
     table = tuned.load_file(_write(tmp_path, {"compute_capability": 90,
                                               "entries": [{**GEMV, "config": tuned.config_json(cfg)}]}))
     assert table.entries[0].config == cfg
+
+
+def test_wgmma_entries_need_a_hopper_file():
+    """gemm_wgmma runs on sm_90 only: a file of that generation may name it, one of another (or none) may not."""
+    entry = {"N": 4096, "K": 4096, "bits": 4, "block_size": 128, "M": [17, 64], "strategy": "gemm_wgmma",
+             "config": {"warpgroups": 4, "stages": 3}}
+    table = tuned.parse_section({"compute_capability": 90, "entries": [entry]}, "h200.json")
+    assert table.lookup(40, 4096, 4096, 4, 128).config == GemmWgmmaConfig(warpgroups=4, stages=3)
+    for cc in (80, None):
+        with pytest.raises(ValueError, match="gemm_wgmma needs sm_90"):
+            tuned.parse_section({"compute_capability": cc, "entries": [entry]} if cc else {"entries": [entry]},
+                                "a100.json")

@@ -127,7 +127,7 @@ def _positive_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _entry(raw, where: str) -> TunedEntry:
+def _entry(raw, where: str, cc: int | None = None) -> TunedEntry:
     """One entry of the section, checked (``where`` names it in errors)."""
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: must be an object, got {raw!r}")
@@ -166,7 +166,8 @@ def _entry(raw, where: str) -> TunedEntry:
         raise ValueError(f"{where}: M must be [lo, hi] with 1 <= lo <= hi <= {limit} ({strategy} {config}), "
                          f"got {M!r}")
     weight = SimpleNamespace(N=N, K=K, bits=bits, block_size=block_size)
-    problem = strategy_problem(strategy, M[1], torch.float16, weight, 80)  # M[1]: the strictest M of the range
+    # M[1]: the strictest M of the range; the file's GPU generation (sm_80 where it names none): gemm_wgmma needs sm_90
+    problem = strategy_problem(strategy, M[1], torch.float16, weight, cc or 80)
     if problem is not None:
         raise ValueError(f"{where}: {problem}")
     return TunedEntry(N, K, bits, block_size, M[0], M[1], strategy, config)
@@ -192,7 +193,7 @@ def parse_section(section, source: str) -> TunedTable:
         where = f"{source}: {SECTION}.entries[{i}]"
         if isinstance(raw, dict) and all(k in raw for k in ("N", "K", "bits", "block_size")):
             where += f" (N={raw['N']}, K={raw['K']}, bits={raw['bits']}, block_size={raw['block_size']})"
-        entries.append(_entry(raw, where))
+        entries.append(_entry(raw, where, cc))
     by_shape: dict[tuple, list[tuple[int, TunedEntry]]] = {}
     for i, entry in enumerate(entries):
         by_shape.setdefault(entry.shape, []).append((i, entry))
