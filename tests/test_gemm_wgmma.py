@@ -20,7 +20,7 @@ from _nvcc import nvcc_cubin
 
 SOURCE = "gemm_wgmma.cu"
 ENTRIES = [f"gemm_wgmma_mt{mt}" for mt in variants.WGMMA_M_TILES]
-VARIANTS = [default_gemm_wgmma_config(1), GemmWgmmaConfig(), default_gemm_wgmma_config(1, 8),
+VARIANTS = [default_gemm_wgmma_config(64), GemmWgmmaConfig(), default_gemm_wgmma_config(1),
             GemmWgmmaConfig(warpgroups=1, stages=2), GemmWgmmaConfig(overlap=1, prefetch=4, stages=3),
             GemmWgmmaConfig(stages=6, prefetch=8, min_blocks=2)]
 # every (element, bits) target with the int4 default; each other variant with one target in turn
@@ -96,8 +96,8 @@ def test_tiles_and_default_config():
     for M in (0, 129):
         with pytest.raises(ValueError, match="1 <= M <= 128"):
             wgmma_tiles(M)
-    assert default_gemm_wgmma_config(64, 8) == GemmWgmmaConfig(stages=3, min_blocks=2)
-    assert default_gemm_wgmma_config(65, 8) == default_gemm_wgmma_config(64, 4) == GemmWgmmaConfig(warpgroups=4, stages=3)
+    assert default_gemm_wgmma_config(64, 8) == default_gemm_wgmma_config(32, 4) == GemmWgmmaConfig(stages=3, min_blocks=2)
+    assert default_gemm_wgmma_config(65, 8) == default_gemm_wgmma_config(33, 4) == GemmWgmmaConfig(warpgroups=4, stages=3)
     assert gemm_wgmma_smem(8, 3) == 3 * 64 * 256 + 1024
 
 
@@ -121,8 +121,8 @@ def test_plan_kernels_name_the_module_and_reduction():
     assert reduce[0] == "splitk_reduce.cu"
 
 
-@pytest.mark.parametrize("cfg", [GemmWgmmaConfig(), default_gemm_wgmma_config(1), default_gemm_wgmma_config(1, 8),
-                                 GemmWgmmaConfig(overlap=1)], ids=["class-default", "default", "default-int8", "overlap"])
+@pytest.mark.parametrize("cfg", [GemmWgmmaConfig(), default_gemm_wgmma_config(64), default_gemm_wgmma_config(1),
+                                 GemmWgmmaConfig(overlap=1)], ids=["class-default", "default-wide", "default-small", "overlap"])
 def test_ptxas_keeps_the_wgmmas_asynchronous(tmp_path, cfg):
     """ptxas serializes every wgmma (a wait after each) when one sits in a branch it cannot prove block-uniform,
     and says so only as an info line (C7518): that would undo the overlap silently."""

@@ -12,6 +12,10 @@ gemv_mma       gemv_mma.cu ``gemv_mma_mt*``                  M <= 64, fp16/bf16,
 gemm_small_m   gemm_small_m.cu ``gemm_small_m_mt*``          as gemv_mma (default for 9 <= M <= 64 only
                gemv_mma's mma, warps split N and share one   with dispatch.GEMM_SMALL_M_DEFAULT on)
                cp.async-staged activation tile, split-K
+gemm_wgmma     gemm_wgmma.cu ``gemm_wgmma_mt*``              M <= 128, fp16/bf16, sm_90 only; block_size
+               wgmma, dequantized weights as the register    as gemv_mma (default on Hopper for 17 <= M
+               A operand, K-permuted activations staged in   <= 128 with dispatch.GEMM_WGMMA_DEFAULT on)
+               shared memory for the warpgroups, split-K
 gemv_stream    gemv_stream.cu ``gemv_stream_m*``             M <= 8, fp16/bf16, any arch; K and
                CUDA cores, two trips of 16-byte loads in     block_size multiples of 32 (int4) or
                flight per lane, activations in shared        16 (int8)
@@ -198,7 +202,8 @@ def linear_weight_only(x2d: torch.Tensor, qw, bias: torch.Tensor | None = None, 
     for the strategy (benchmarks and tests): GemmConfig for "gemm_mma" (None =
     ``default_gemm_config(M)``), GemvMmaConfig for "gemv_mma" (None = ``default_gemv_mma_config(M,
     bits)``), StreamConfig for "gemv_stream" (None = the defaults), GemmSmallMConfig for "gemm_small_m"
-    (None = ``default_gemm_small_m_config(M, bits)``). perm: act-order, an int32 contiguous
+    (None = ``default_gemm_small_m_config(M, bits)``), GemmWgmmaConfig for "gemm_wgmma" (None =
+    ``default_gemm_wgmma_config(M, bits)``). perm: act-order, an int32 contiguous
     tensor [K] on x2d's device with values in [0, K) (checked by the caller): the result is
     act(x2d[:, perm] @ dequantize(qw)^T + bias); gemv_mma on Hopper overlaps its gather kernel with the
     GEMV (programmatic dependent launch), the other cases gather x with ``index_select`` first.

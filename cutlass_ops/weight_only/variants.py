@@ -325,15 +325,17 @@ class GemmWgmmaConfig:
 
 
 def default_gemm_wgmma_config(M: int, bits: int = 4) -> GemmWgmmaConfig:
-    """The gemm_wgmma variant the default dispatch uses (H200, the Llama-3-8B weights, block 128, us; twentieth
-    session): 4 warpgroups per block (256 rows of N share one staged activation tile, 1 block of 512 threads
-    at <= 128 registers) and 3 stages, except int8 at M <= 64, where 2 warpgroups, 3 stages and 2 blocks per SM
-    were ahead on every weight (qkv 6144 x 4096 M = 64 22.4 vs 23.6, gate 14336 x 4096 43.9 vs 46.3). int4 M = 64:
-    gate 34.2 vs 35.7, down 4096 x 14336 29.1 vs 30.7; M = 128: down W8 51.2 vs 70.8 with 2 warpgroups and 4
-    stages, qkv W4 30.2 vs 36.0. A trip's dequantization overlapped with the previous trip's wgmmas
-    (``overlap=1``: two fragment sets, 255 registers, one block per SM) and 4 trips of weight loads in flight were
-    slower on every one of them."""
-    if bits == 8 and wgmma_tiles(M) <= 8:
+    """The gemm_wgmma variant the default dispatch uses (H200, block 128, us; twentieth session): 2 warpgroups per
+    block, 3 stages and 2 blocks per SM (128 registers) up to M = 32 for int4 and M = 64 for int8, else 4 warpgroups
+    per block (256 rows of N share one staged activation tile; 1 block of 512 threads at <= 128 registers) and 3
+    stages. ``tune_weight_only.md`` (the 18 Llama weights, 5 variants among 25 candidates): the fastest candidate
+    was a 2-warpgroup gemm_wgmma on 13 int4 weights at M = 32 (a 4-warpgroup one on none; 8B gate 14336 x 4096
+    26.9 vs 30.0 us), a 4-warpgroup one on 14 int4 weights at M = 64 (2-warpgroup: 4), and a 2-warpgroup one on 16
+    int8 weights at M = 64 (4-warpgroup: none). M = 128: down 4096 x 14336 W8 51.2 vs 70.8 with 2 warpgroups and
+    4 stages. A trip's dequantization overlapped with the previous trip's wgmmas (``overlap=1``: two
+    fragment sets, 255 registers, one block per SM) and 4 trips of weight loads in flight were slower on every
+    8B weight at M = 16..128."""
+    if wgmma_tiles(M) <= (8 if bits == 8 else 4):
         return GemmWgmmaConfig(stages=3, min_blocks=2)
     return GemmWgmmaConfig(warpgroups=4, stages=3)
 

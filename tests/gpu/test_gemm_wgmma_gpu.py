@@ -48,7 +48,7 @@ def _hopper_and_modules():
         pytest.skip("gemm_wgmma needs sm_90 (wgmma)")
     arch = target_arch()
     jobs = [("splitk_reduce.cu", {"WO_ELEMENT": wo.ELEMENT[d]}) for d in HALF]
-    configs = {GemmWgmmaConfig(), default_gemm_wgmma_config(1), default_gemm_wgmma_config(1, 8), *VARIANTS}
+    configs = {GemmWgmmaConfig(), default_gemm_wgmma_config(1), default_gemm_wgmma_config(128), *VARIANTS}
     for d in HALF:
         for bits in (4, 8):
             for cfg in configs:
