@@ -271,11 +271,12 @@ def test_strategy_problem_names_the_constraint():
     (1, 4096, torch.float16, 90, 64, "gemv_mma"),       # below GEMM_SMALL_M_MIN_M
     (8, 4096, torch.float16, 90, 64, "gemm_small_m"),   # narrow weight: from M = 8
     (8, 6144, torch.float16, 90, 64, "gemv_mma"),       # wide weight below GEMM_SMALL_M_WIDE_MIN_M
-    (31, 28672, torch.float16, 90, 64, "gemv_mma"),
+    (31, 28672, torch.float16, 80, 64, "gemv_mma"),     # (sm_90 takes gemm_wgmma from M = 17)
     (32, 28672, torch.bfloat16, 80, 64, "gemm_small_m"),  # wide weight from M = 32
-    (64, 6144, torch.float16, 90, None, "gemm_small_m"),
-    (32, 4096, torch.float16, 90, 64, "gemm_small_m"),
-    (65, 4096, torch.float16, 90, 64, "gemm_mma"),
+    (64, 6144, torch.float16, 80, None, "gemm_small_m"),
+    (32, 4096, torch.float16, 80, 64, "gemm_small_m"),
+    (65, 4096, torch.float16, 80, 64, "gemm_mma"),
+    (17, 28672, torch.float16, 90, 64, "gemm_wgmma"),
     (9, 4096, torch.float32, 90, 64, "gemm_simt"),
     (9, 4096, torch.float16, 75, 64, "gemm_simt"),
     (9, 4096, torch.float16, 90, 96, "gemm_mma"),        # 96 / 32 is no power of two: the order goes on
@@ -287,13 +288,13 @@ def test_default_dispatch(M, N, dtype, cc, block_size, expected):
 
 @pytest.mark.parametrize("M, expected", [(8, "gemv_mma"), (32, "gemv_mma"), (33, "gemm_small_m"), (64, "gemm_small_m")])
 def test_int8_weights_from_m_33(M, expected):
-    assert wo.choose_strategy(M, torch.float16, _qw(N=4096, bits=8), 90) == expected
+    assert wo.choose_strategy(M, torch.float16, _qw(N=4096, bits=8), 80) == expected
 
 
 @pytest.mark.parametrize("M", [8, 17, 33, 64])
 def test_the_switch_turns_it_off(monkeypatch, M):
     monkeypatch.setattr(dispatch, "GEMM_SMALL_M_DEFAULT", False)
-    assert wo.choose_strategy(M, torch.float16, _qw(N=4096), 90) == "gemv_mma"
+    assert wo.choose_strategy(M, torch.float16, _qw(N=4096), 80) == "gemv_mma"
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from .variants import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GemmSmallMArgs", "GemmSmallMPlan"]
+__all__ = ["GemmSmallMArgs", "GemmSmallMPlan", "build_staged"]
 
 
 class GemmSmallMArgs(KernelArgs):
@@ -77,23 +77,33 @@ class GemmSmallMPlan(SplitKGemvPlan):
                              f"entry), got M={M}")
         m_tiles = small_m_tiles(M)
         config = _fitting_config(config, forced, m_tiles, qw.bits, device)
-        K, N, G = qw.K, qw.N, qw.num_groups
-        ce = chunk_elems(qw.bits)
-        group_shift = 30 if G == 1 else int(math.log2(qw.block_size // ce))
         smem = gemm_small_m_smem(m_tiles, qw.bits, config.stages)
-        name = f"gemm_small_m_mt{m_tiles}"
-        defines = wo_defines(dtype, qw.bits, config)
-        kernel = load_kernel("gemm_small_m.cu", name, defines, device=device)
-        kernel.set_max_dynamic_smem(smem)
-        threads = 32 * config.warps
-        occupancy = kernel.max_active_blocks(threads, smem, device)
-        if occupancy < 1:
-            raise RuntimeError(f"{name} {config} cannot run with {smem} bytes of shared memory on device {device}")
-        shape = small_m_launch_shape(N, K, qw.bits, sm_count(device), config, occupancy)
-        qweight = aligned_qweight(qw)
-        so = scale_offset_words(qw, dtype)
-        args = GemmSmallMArgs(B=qweight.data_ptr(), scale_offset=so.data_ptr(), M=M, N=N, K=K, G=G,
-                              group_shift=group_shift, chunks_per_split=shape.chunks_per_split)
-        gemm = Launch(kernel, LaunchConfig.of((shape.blocks_n, shape.splits), threads, smem=smem), args, device)
-        super().__init__(gemm, shape.splits, M, N, ELEMENT[dtype], device, keep=(so, derived(qweight, qw.qweight)))
-        self.config, self.shape, self.occupancy = config, shape, occupancy  # what ran (benchmarks report it)
+        build_staged(self, qw, M, dtype, device, config, source="gemm_small_m.cu", name=f"gemm_small_m_mt{m_tiles}",
+                     smem=smem, threads=32 * config.warps,
+                     launch_shape=lambda occupancy: small_m_launch_shape(qw.N, qw.K, qw.bits, sm_count(device), config,
+                                                                         occupancy))
+
+
+def build_staged(plan: SplitKGemvPlan, qw, M: int, dtype, device: int, config, *, source: str, name: str, smem: int,
+                 threads: int, launch_shape) -> None:
+    """Build a plan of the kernels whose blocks stage the activations in ``smem`` bytes of dynamic shared memory
+    (gemm_small_m, gemm_wgmma; their parameters are GemmSmallMArgs'): load ``name`` of ``source`` with the
+    config's defines, check that a block of ``threads`` fits, size the grid with ``launch_shape(blocks per SM)``
+    (a SmallMShape), pack the weight's words and initialize ``plan``'s launch, split-K reduction and
+    ``config`` / ``shape`` / ``occupancy`` (what ran: benchmarks report them)."""
+    K, N, G = qw.K, qw.N, qw.num_groups
+    group_shift = 30 if G == 1 else int(math.log2(qw.block_size // chunk_elems(qw.bits)))
+    kernel = load_kernel(source, name, wo_defines(dtype, qw.bits, config), device=device)
+    kernel.set_max_dynamic_smem(smem)
+    occupancy = kernel.max_active_blocks(threads, smem, device)
+    if occupancy < 1:
+        raise RuntimeError(f"{name} {config} cannot run with {smem} bytes of shared memory on device {device}")
+    shape = launch_shape(occupancy)
+    qweight = aligned_qweight(qw)
+    so = scale_offset_words(qw, dtype)
+    args = GemmSmallMArgs(B=qweight.data_ptr(), scale_offset=so.data_ptr(), M=M, N=N, K=K, G=G,
+                          group_shift=group_shift, chunks_per_split=shape.chunks_per_split)
+    gemm = Launch(kernel, LaunchConfig.of((shape.blocks_n, shape.splits), threads, smem=smem), args, device)
+    SplitKGemvPlan.__init__(plan, gemm, shape.splits, M, N, ELEMENT[dtype], device,
+                            keep=(so, derived(qweight, qw.qweight)))
+    plan.config, plan.shape, plan.occupancy = config, shape, occupancy

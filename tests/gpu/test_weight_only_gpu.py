@@ -247,17 +247,16 @@ def test_plan_follows_in_place_scale_change():
     torch.testing.assert_close(after.float(), 2 * before.float(), rtol=2e-3, atol=1e-3)
 
 
-def test_cuda_graph_capture_and_replay():
-    qw = _weight(N_MAIN, K_MAIN, 4, 64, False)
-    x, bias = _inputs(1, K_MAIN, N_MAIN, torch.float16, seed=6)
-    expected = wo.linear_weight_only(x, qw, bias, 0)  # also builds the plan outside the capture
+def _check_graph_replay(x, call):
+    """call(x) captured in a CUDA graph replays to call's eager result, and follows x changed in place."""
+    expected = call(x)  # also builds the plan outside the capture
     static_x = x.clone()
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         with torch.cuda.graph(graph, stream=stream):
-            static_out = wo.linear_weight_only(static_x, qw, bias, 0)
+            static_out = call(static_x)
     torch.cuda.current_stream().wait_stream(stream)
     graph.replay()
     torch.cuda.synchronize()
@@ -265,7 +264,13 @@ def test_cuda_graph_capture_and_replay():
     static_x.mul_(-1)
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(static_out, wo.linear_weight_only(-x, qw, bias, 0))
+    assert torch.equal(static_out, call(-x))
+
+
+def test_cuda_graph_capture_and_replay():
+    qw = _weight(N_MAIN, K_MAIN, 4, 64, False)
+    x, bias = _inputs(1, K_MAIN, N_MAIN, torch.float16, seed=6)
+    _check_graph_replay(x, lambda x: wo.linear_weight_only(x, qw, bias, 0))
 
 
 def test_public_linear_routes_here():
