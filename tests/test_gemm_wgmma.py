@@ -88,6 +88,8 @@ def test_config_checks_and_defines():
                    {"min_blocks": 0}, {"splits": 0}, {"splits": True}):
         with pytest.raises(ValueError, match=f"GemmWgmmaConfig.{next(iter(kwargs))}"):
             GemmWgmmaConfig(**kwargs)
+    with pytest.raises(ValueError, match="GemmWgmmaConfig.stages must be >= 3 with overlap=1"):
+        GemmWgmmaConfig(overlap=1, stages=2)
     assert GemmWgmmaConfig(warpgroups=1).rows_per_block == 64
 
 

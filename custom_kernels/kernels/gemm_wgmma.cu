@@ -26,18 +26,20 @@
 //
 // A stage is 128 K elements (two 64-element swizzle regions: 1 trip of int4, 2 of int8), kStages stages in
 // flight (one cp.async group each, one barrier per stage). Per trip a warpgroup issues its 8 (int4) or 4
-// (int8) wgmmas back to back, commits them as one group and waits for it before the registers they read
-// are rewritten; the other warpgroups of the SM dequantize meanwhile.
+// (int8) wgmmas back to back as one commit group and waits for it before the fragment registers they read are
+// rewritten; the other warpgroups of the SM dequantize meanwhile. With GEMM_WGMMA_OVERLAP the next trip is
+// dequantized into a second fragment set while this trip's wgmmas run (wait for all but the newest group);
+// measured slower (255 registers: one block per SM), kept as a variant.
 //
 // gridDim.x walks N in tiles of 64 kWarpgroups rows; gridDim.y > 1 splits K across blocks into an fp32
-// workspace [splits, M, N] that splitk_reduce.cu sums (chunks_per_split a multiple of 4 kTripsPerStage, so
-// only the last split has a partial stage). Accumulators are wgmma's m64nNk16 f32 fragment, which is
+// workspace [splits, M, N] that splitk_reduce.cu sums (the host makes chunks_per_split a whole number of
+// stages, so only the last split has a partial stage). Accumulators are wgmma's m64nNk16 f32 fragment, which is
 // mma.m16n8k16's per 8-column tile: the store is gemv_store.cuh's.
 //
 // Compile-time choice (NVRTC defines; the host mirrors them in cutlass_ops/weight_only/variants.py,
 // GemmWgmmaConfig): WO_ELEMENT 0 = half, 1 = bfloat16, WO_BITS 4 or 8, GEMM_WGMMA_WARPGROUPS 1 | 2 | 4 (64-row
-// tiles of N per block), GEMM_WGMMA_STAGES 2..6, GEMM_WGMMA_PREFETCH 2 | 4 | 8 (weight trips in flight per
-// lane), GEMM_WGMMA_MIN_BLOCKS (__launch_bounds__ blocks per SM).
+// tiles of N per block), GEMM_WGMMA_STAGES 2..6 (3..6 with the overlap), GEMM_WGMMA_PREFETCH 2 | 4 | 8 (weight
+// trips in flight per lane), GEMM_WGMMA_MIN_BLOCKS (__launch_bounds__ blocks per SM), GEMM_WGMMA_OVERLAP 0 | 1.
 //
 // Entry points: gemm_wgmma_mt{1,2,4,8,16}: M <= 8 MT (wgmma n = 8 MT). Dynamic shared memory kStages x 256 x
 // 8 MT bytes + 1024 (the swizzle's 1024-byte alignment): variants.gemm_wgmma_smem.

@@ -310,6 +310,9 @@ class GemmWgmmaConfig:
         if self.splits is not None and (isinstance(self.splits, bool) or not isinstance(self.splits, int)
                                         or self.splits < 1):
             raise ValueError(f"GemmWgmmaConfig.splits must be None or a positive int, got {self.splits!r}")
+        if self.overlap and self.stages < 3:
+            raise ValueError(f"GemmWgmmaConfig.stages must be >= 3 with overlap=1 (one more stage buffer stays "
+                             f"unwritten), got {self.stages}")
 
     @property
     def rows_per_block(self) -> int:
