@@ -106,17 +106,6 @@ def test_host_mirrors_kernel_constants():
     assert variants.SMALL_M_STAGE_TRIPS == _constant("kStageTrips")
 
 
-def _parameters(name: str) -> list[str]:
-    text = _source()
-    sig = text[text.rindex(name + "(") + len(name) + 1:]
-    sig = sig[:sig.index(")")].replace("\\", " ")
-    return [p.split()[-1].lstrip("*") for p in sig.split(",")]
-
-
-def test_kernel_args_name_the_kernel_parameters():
-    assert [f[0] for f in gemm_small_m.GemmSmallMArgs._fields_] == _parameters("gemm_small_m_mt##MT")
-
-
 def act_slot(t: int, v: int) -> int:
     """gemm_small_m.cu's act_slot (the test below checks the source still says this)."""
     return 8 * (v >> 1) + 2 * t + (v & 1)

@@ -12,7 +12,7 @@ import pytest
 from custom_kernels import compile_file
 from custom_kernels.nvrtc import KERNEL_DIR
 from cutlass_ops import weight_only as wo
-from cutlass_ops.weight_only import gemm_small_m, gemm_wgmma, variants
+from cutlass_ops.weight_only import gemm_wgmma, variants
 from cutlass_ops.weight_only.variants import (
     GemmWgmmaConfig, default_gemm_wgmma_config, gemm_wgmma_smem, wgmma_launch_shape, wgmma_tiles,
 )
@@ -68,17 +68,6 @@ def test_host_mirrors_kernel_constants():
     assert base.defines() == {}
     assert re.search(rf"constexpr int kStageElems = {variants.WGMMA_STAGE_ELEMS};", _source())
     assert [int(m) for m in re.findall(r"^GEMM_WGMMA_ENTRY\((\d+)\)$", _source(), re.M)] == list(variants.WGMMA_M_TILES)
-
-
-def _parameters(name: str) -> list[str]:
-    text = _source()
-    sig = text[text.rindex(name + "(") + len(name) + 1:]
-    sig = sig[:sig.index(")")].replace("\\", " ")
-    return [p.split()[-1].lstrip("*") for p in sig.split(",")]
-
-
-def test_kernel_args_name_the_kernel_parameters():
-    assert [f[0] for f in gemm_small_m.GemmSmallMArgs._fields_] == _parameters("gemm_wgmma_mt##MT")
 
 
 def test_config_checks_and_defines():
