@@ -1,4 +1,4 @@
-// Shared-memory staging helpers of the tensor-core weight-only kernels (gemm_mma.cu, gemm_small_m.cu):
+// Shared-memory staging helpers of the tensor-core weight-only kernels (gemm_mma.cu, gemm_small_m.cu, gemm_wgmma.cu):
 // cp.async copies global -> shared (sm_80+) and vector loads from shared memory by 32-bit address.
 #pragma once
 
@@ -23,6 +23,13 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
 __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
 #if WO_HAS_SM80
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+#endif
+}
+
+// The same with zero fill: src_bytes = 0 writes 4 zero bytes without reading.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, int src_bytes) {
+#if WO_HAS_SM80
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 #endif
 }
 

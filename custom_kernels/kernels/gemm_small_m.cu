@@ -37,6 +37,7 @@
 #include "stream_loads.cuh"
 
 #include "gemv_store.cuh"
+#include "weight_chunks.cuh"
 #include "weight_only_types.cuh"
 
 #ifndef GEMM_SMALL_M_ROW_TILES
@@ -115,39 +116,6 @@ __device__ __forceinline__ void stage_activations(uint32_t dst, const T* __restr
   }
 }
 
-// Where this lane's weight rows (g and g + 8 of each row tile) and their (scale, offset) words start;
-// rows past N are clamped (valid memory, results discarded).
-template <int kBits>
-struct WeightRows {
-  const uint4* b_row[kRowTiles][2];
-  const uint32_t* so_row[kRowTiles][2];
-
-  __device__ __forceinline__ WeightRows(const uint8_t* B, const uint32_t* scale_offset, int N, int K, int G,
-                                        int n_warp, int g) {
-    const int64_t row_bytes = static_cast<int64_t>(K) * kBits / 8;
-#pragma unroll
-    for (int r = 0; r < kRowTiles; ++r)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int n = min(n_warp + 16 * r + 8 * h + g, N - 1);
-        b_row[r][h] = reinterpret_cast<const uint4*>(B + n * row_bytes);
-        so_row[r][h] = scale_offset + static_cast<int64_t>(n) * G;
-      }
-  }
-
-  // Issue this lane's loads of one trip: its chunk of each row and the chunk's (scale, offset) word.
-  __device__ __forceinline__ void load(uint4 (&wq)[kRowTiles][2], uint32_t (&so)[kRowTiles][2], int chunk,
-                                       int group_shift) const {
-#pragma unroll
-    for (int r = 0; r < kRowTiles; ++r)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        wq[r][h] = load_stream_16B(b_row[r][h] + chunk);
-        so[r][h] = __ldg(so_row[r][h] + (chunk >> group_shift));
-      }
-  }
-};
-
 // One trip: dequantize this lane's chunk of each weight row (w = q * s + o in T) and run the mmas against
 // the activation vectors of the same K elements, read from shared memory at act (row g of the stage,
 // this trip's segment, slot 2t). keep = 0 for a chunk past the split's end: its (scale, offset) is then 0,
@@ -156,8 +124,6 @@ template <typename T, int kBits, int kMTiles>
 __device__ __forceinline__ void trip_mma(float (&acc)[kRowTiles][kMTiles][4], const uint4 (&wq)[kRowTiles][2],
                                          const uint32_t (&so)[kRowTiles][2], uint32_t keep, uint32_t act) {
   using Geo = Geometry<kBits>;
-  constexpr int kWordsPerVec = 8 * kBits / 32;  // weight words covering one activation vector: 1 | 2
-  constexpr int kPairs = WeightWord<T, kBits>::kPairs;
   uint32_t s2[kRowTiles][2], o2[kRowTiles][2];
 #pragma unroll
   for (int r = 0; r < kRowTiles; ++r)
@@ -174,14 +140,7 @@ __device__ __forceinline__ void trip_mma(float (&acc)[kRowTiles][kMTiles][4], co
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int x = 0; x < kWordsPerVec; ++x) {
-          uint32_t q[kPairs];
-          WeightWord<T, kBits>::to_pairs(word_of(wq[r][h], v * kWordsPerVec + x), q);
-#pragma unroll
-          for (int p = 0; p < kPairs; ++p) w[r][h][x * kPairs + p] = fma_pair<T>(q[p], s2[r][h], o2[r][h]);
-        }
+      for (int h = 0; h < 2; ++h) dequant_vector<T, kBits>(wq[r][h], v, s2[r][h], o2[r][h], w[r][h]);
     // All activation vectors first (independent shared loads in flight together), then the mmas.
     uint4 a[kMTiles];
 #pragma unroll
@@ -219,7 +178,7 @@ __device__ __forceinline__ void gemm_small_m(const T* __restrict__ A, const uint
   const int k_begin = c_begin * Geo::kChunkElems, k_end = c_end * Geo::kChunkElems;
   // Warp-uniform: a warp whose rows all lie past N (the last block of a ragged N) only helps stage.
   const bool active = n_warp < N;
-  const WeightRows<kBits> rows(B, scale_offset, N, K, G, n_warp, g);
+  const WeightRows<kBits, kRowTiles> rows(B, scale_offset, N, K, G, n_warp, g);
   const uint32_t smem_base = smem_addr(smem);
 
   // Prologue: activation stages 0 .. kStages - 2, one commit group each (empty past the end, so that the

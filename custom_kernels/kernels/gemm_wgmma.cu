@@ -50,6 +50,7 @@
 #include "stream_loads.cuh"
 
 #include "gemv_store.cuh"
+#include "weight_chunks.cuh"
 #include "weight_only_types.cuh"
 
 #ifndef GEMM_WGMMA_WARPGROUPS
@@ -102,11 +103,6 @@ struct Tile {
   static constexpr int kRegionBytes = kRows * 128;   // 64 K elements of every row, 128-byte swizzled
   static constexpr int kStageBytes = 2 * kRegionBytes;
 };
-
-// 4-byte async copy with zero fill (src_bytes = 0 writes 4 zero bytes without reading).
-__device__ __forceinline__ void cp_async_4_zfill(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
 
 // The block's copies of one stage: activation rows 0 .. 8 kMTiles - 1, K elements [k0, k0 + 128) in the
 // permuted, swizzled order described at the top (zeros for rows >= M and K >= k_end). Thread x copies pair
@@ -168,35 +164,8 @@ struct Stager {
       if (m0 + kRowsPerPass * i < M) {
         const uint32_t addr =
             stage + dst + i * kRowsPerPass * 128 + (unit_x ^ (static_cast<uint32_t>((kRowsPerPass * i) & 7) << 4));
-        cp_async_4_zfill(addr, base + i * pass_step, k_ok ? 4 : 0);
+        cp_async_4(addr, base + i * pass_step, k_ok ? 4 : 0);
       }
-    }
-  }
-};
-
-// Where this lane's weight rows (g and g + 8 of its warp's 16) and their (scale, offset) words start; rows
-// past N are clamped (valid memory, results discarded).
-template <int kBits>
-struct WeightRows {
-  const uint4* b_row[2];
-  const uint32_t* so_row[2];
-
-  __device__ __forceinline__ WeightRows(const uint8_t* B, const uint32_t* scale_offset, int N, int K, int G,
-                                        int n_warp, int g) {
-    const int64_t row_bytes = static_cast<int64_t>(K) * kBits / 8;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int n = min(n_warp + 8 * h + g, N - 1);
-      b_row[h] = reinterpret_cast<const uint4*>(B + n * row_bytes);
-      so_row[h] = scale_offset + static_cast<int64_t>(n) * G;
-    }
-  }
-
-  __device__ __forceinline__ void load(uint4 (&wq)[2], uint32_t (&so)[2], int chunk, int group_shift) const {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      wq[h] = load_stream_16B(b_row[h] + chunk);
-      so[h] = __ldg(so_row[h] + (chunk >> group_shift));
     }
   }
 };
@@ -205,25 +174,15 @@ struct WeightRows {
 // trip's k16 steps. keep = 0 for a chunk past the split's end: its (scale, offset) is then 0, so its weights are
 // exactly 0 (and its staged activations are zeros).
 template <typename T, int kBits>
-__device__ __forceinline__ void dequant_trip(uint32_t (&a)[Geometry<kBits>::kStepsPerTrip][4], const uint4 (&wq)[2],
-                                             const uint32_t (&so)[2], uint32_t keep) {
-  using Geo = Geometry<kBits>;
-  constexpr int kWordsPerVec = 8 * kBits / 32;  // weight words covering one activation vector: 1 | 2
-  constexpr int kPairs = WeightWord<T, kBits>::kPairs;
+__device__ __forceinline__ void dequant_trip(uint32_t (&a)[Geometry<kBits>::kStepsPerTrip][4], const uint4 (&wq)[1][2],
+                                             const uint32_t (&so)[1][2], uint32_t keep) {
 #pragma unroll
-  for (int v = 0; v < Geo::kVecsPerChunk; ++v) {
+  for (int v = 0; v < Geometry<kBits>::kVecsPerChunk; ++v) {
     uint32_t w[2][4];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const uint32_t so_kept = so[h] & keep;
-      const uint32_t s2 = low_half_x2(so_kept), o2 = high_half_x2(so_kept);
-#pragma unroll
-      for (int x = 0; x < kWordsPerVec; ++x) {
-        uint32_t q[kPairs];
-        WeightWord<T, kBits>::to_pairs(word_of(wq[h], v * kWordsPerVec + x), q);
-#pragma unroll
-        for (int p = 0; p < kPairs; ++p) w[h][x * kPairs + p] = fma_pair<T>(q[p], s2, o2);
-      }
+      const uint32_t so_kept = so[0][h] & keep;
+      dequant_vector<T, kBits>(wq[0][h], v, low_half_x2(so_kept), high_half_x2(so_kept), w[h]);
     }
     // Step 2v takes pairs 0 and 1 (K 0..3 of the vector), step 2v + 1 pairs 2 and 3: gemv_mma's mapping.
 #pragma unroll
@@ -269,7 +228,7 @@ __device__ __forceinline__ void gemm_wgmma(const T* __restrict__ A, const uint8_
   const int n_trips = UP_DIV(c_end - c_begin, 4);
   const int n_stages = UP_DIV(n_trips, Geo::kTripsPerStage);
   const int k_begin = c_begin * Geo::kChunkElems, k_end = c_end * Geo::kChunkElems;
-  const WeightRows<kBits> rows(B, scale_offset, N, K, G, n_warp, g);
+  const WeightRows<kBits, 1> rows(B, scale_offset, N, K, G, n_warp, g);  // one 16-row tile per warp
   const Stager<T, kBits, kMTiles> stager(A, K);
   // The 128-byte swizzle repeats every 1024 bytes: stages start on that boundary.
   const uint32_t smem_base = (smem_addr(smem) + 1023u) & ~1023u;
@@ -284,8 +243,8 @@ __device__ __forceinline__ void gemm_wgmma(const T* __restrict__ A, const uint8_
     cp_async_commit();
   }
   // ... and the weight loads of the first kPrefetch trips.
-  uint4 wq[kPrefetch][2];
-  uint32_t so[kPrefetch][2];
+  uint4 wq[kPrefetch][1][2];
+  uint32_t so[kPrefetch][1][2];
 #pragma unroll
   for (int u = 0; u < kPrefetch; ++u)
     if (u < n_trips) rows.load(wq[u], so[u], min(c_begin + 4 * u + t, c_end - 1), group_shift);
@@ -342,7 +301,7 @@ __device__ __forceinline__ void gemm_wgmma(const T* __restrict__ A, const uint8_
 #pragma unroll
   for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
-    for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(acc[0][i][j])::"memory");
+    for (int j = 0; j < 4; ++j) sm90::fence_reg(acc[0][i][j]);
   cp_async_wait<0>();  // only empty groups remain; leave none behind
   if (n_group >= N) return;  // a warpgroup whose rows all lie past N (the last block of a ragged N)
 

@@ -29,6 +29,7 @@
 #include "stream_loads.cuh"
 
 #include "gemv_store.cuh"
+#include "weight_chunks.cuh"
 #include "weight_only_types.cuh"
 
 namespace cuops {
@@ -118,8 +119,6 @@ __device__ __forceinline__ void gemv_trip(float (&acc)[kRowTiles][kMTiles][4], c
                                           const GemvRows<T, kBits, kMTiles, kRowTiles>& rows) {
   constexpr int kChunkElems = 128 / kBits;       // K elements per 16-byte weight chunk: 32 or 16
   constexpr int kActVecs = kChunkElems / 8;      // 16-byte activation vectors (8 elements) per chunk: 4 or 2
-  constexpr int kWordsPerVec = 8 * kBits / 32;   // weight words covering one activation vector: 1 or 2
-  constexpr int kPairs = WeightWord<T, kBits>::kPairs;
 #pragma unroll
   for (int v = 0; v < kActVecs; ++v) {
     // Dequantized weight pairs for the 8 K elements of activation vector v: w[r][h][pair].
@@ -129,14 +128,7 @@ __device__ __forceinline__ void gemv_trip(float (&acc)[kRowTiles][kMTiles][4], c
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t so_kept = so[r][h] & keep;
-        const uint32_t s2 = low_half_x2(so_kept), o2 = high_half_x2(so_kept);
-#pragma unroll
-        for (int x = 0; x < kWordsPerVec; ++x) {
-          uint32_t q[kPairs];
-          WeightWord<T, kBits>::to_pairs(word_of(wq[r][h], v * kWordsPerVec + x), q);
-#pragma unroll
-          for (int p = 0; p < kPairs; ++p) w[r][h][x * kPairs + p] = fma_pair<T>(q[p], s2, o2);
-        }
+        dequant_vector<T, kBits>(wq[r][h], v, low_half_x2(so_kept), high_half_x2(so_kept), w[r][h]);
       }
 #pragma unroll
     for (int i = 0; i < kMTiles; ++i) {

@@ -66,6 +66,7 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 
 // Keeps the compiler from moving accesses of r across the asynchronous wgmma boundaries.
 __device__ __forceinline__ void fence_reg(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
 // Eight accumulator operands d[i..i+7] of a wgmma asm statement (read and written).
 #define SM90_D8(i)                                                                              \
