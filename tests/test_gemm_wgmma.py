@@ -16,7 +16,7 @@ from cutlass_ops.weight_only import gemm_wgmma, variants
 from cutlass_ops.weight_only.variants import (
     GemmWgmmaConfig, default_gemm_wgmma_config, gemm_wgmma_smem, wgmma_launch_shape, wgmma_tiles,
 )
-from _nvcc import nvcc_cubin
+from _nvcc import nvcc_build, nvcc_cubin
 
 SOURCE = "gemm_wgmma.cu"
 ENTRIES = [f"gemm_wgmma_mt{mt}" for mt in variants.WGMMA_M_TILES]
@@ -117,14 +117,7 @@ def test_plan_kernels_name_the_module_and_reduction():
 def test_ptxas_keeps_the_wgmmas_asynchronous(tmp_path, cfg):
     """ptxas serializes every wgmma (a wait after each) when one sits in a branch it cannot prove block-uniform,
     and says so only as an info line (C7518): that would undo the overlap silently."""
-    import subprocess
-
-    from custom_kernels.cuda_paths import cuda_include_dirs, nvcc_path
-
-    cmd = [nvcc_path(), "-std=c++17", "-arch=sm_90a", "-cubin", "-o", str(tmp_path / "k.cubin"), "-Xptxas", "-v",
-           f"-I{KERNEL_DIR}", *[f"-I{d}" for d in cuda_include_dirs()],
-           *[f"-D{k}={v}" for k, v in {"WO_ELEMENT": 0, "WO_BITS": 4, **cfg.defines()}.items()], str(KERNEL_DIR / SOURCE)]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert "C7518" not in result.stderr and "serialized" not in result.stderr, result.stderr
-    assert "spill" in result.stderr  # the verbose report was read
+    _, messages = nvcc_build(SOURCE, tmp_path, "sm_90a", {"WO_ELEMENT": 0, "WO_BITS": 4, **cfg.defines()},
+                             ("-Xptxas", "-v"))
+    assert "C7518" not in messages and "serialized" not in messages, messages
+    assert "spill" in messages  # the verbose report was read

@@ -13,7 +13,8 @@ from typing import ClassVar
 __all__ = ["GemmConfig", "GEMM_CONFIGS", "default_gemm_config", "GemvMmaConfig", "SMALL_M_GEMV_MMA",
            "default_gemv_mma_config", "StreamConfig", "StreamShape", "stream_launch_shape", "chunk_elems",
            "GemmSmallMConfig", "default_gemm_small_m_config", "small_m_tiles", "gemm_small_m_smem", "SmallMShape",
-           "small_m_launch_shape", "GemmWgmmaConfig", "default_gemm_wgmma_config", "wgmma_tiles", "gemm_wgmma_smem", "wgmma_launch_shape"]
+           "small_m_launch_shape", "staged_launch_shape", "GemmWgmmaConfig", "default_gemm_wgmma_config", "wgmma_tiles",
+           "gemm_wgmma_smem", "wgmma_launch_shape"]
 
 
 def chunk_elems(bits: int) -> int:
@@ -257,23 +258,30 @@ class SmallMShape:
 
 def small_m_launch_shape(N: int, K: int, bits: int, sm_count: int, config: GemmSmallMConfig = GemmSmallMConfig(),
                          blocks_per_sm: int = 1) -> SmallMShape:
-    """The gemm_small_m grid for one problem on one GPU (pure arithmetic, no GPU needed).
+    """The gemm_small_m grid for one problem on one GPU (pure arithmetic, no GPU needed): :func:`staged_launch_shape`
+    with its stages of ``SMALL_M_STAGE_TRIPS`` trips, each split keeping at least ``SMALL_M_MIN_SPLIT_STAGES``."""
+    return staged_launch_shape(N, K, sm_count, config.rows_per_block, 4 * SMALL_M_STAGE_TRIPS * chunk_elems(bits),
+                               chunk_elems(bits), SMALL_M_MIN_SPLIT_STAGES, config.splits, blocks_per_sm)
 
-    N alone gives ceil(N / rows_per_block) blocks. When that leaves SMs without a block, K is split so
-    that the grid is about one full wave of resident blocks (``blocks_per_sm``, the measured occupancy:
-    up to ~2 blocks per SM where registers and shared memory allow), each split keeping at least
-    ``SMALL_M_MIN_SPLIT_STAGES`` stages; ``config.splits`` forces the count (capped at one stage per split).
-    """
-    chunks = K // chunk_elems(bits)
-    stage_chunks = 4 * SMALL_M_STAGE_TRIPS
-    blocks_n = -(-N // config.rows_per_block)
-    if config.splits is not None:
-        splits = min(config.splits, -(-chunks // stage_chunks))
+
+def staged_launch_shape(N: int, K: int, sm_count: int, rows_per_block: int, stage_elems: int, chunk: int,
+                        min_split_stages: int, splits: int | None, blocks_per_sm: int = 1) -> SmallMShape:
+    """The grid of a kernel whose blocks stage the activations (gemm_small_m, gemm_wgmma) for one problem on one GPU.
+
+    N alone gives ceil(N / rows_per_block) blocks. When that leaves SMs without a block, K is split so that the
+    grid is about one full wave of resident blocks (``blocks_per_sm``, the measured occupancy), each split a whole
+    number of stages of ``stage_elems`` K elements (``chunk`` per 16-byte weight chunk) and at least
+    ``min_split_stages`` of them; ``splits`` forces the count (capped at one stage per split)."""
+    chunks = K // chunk
+    stage_chunks = stage_elems // chunk
+    blocks_n = -(-N // rows_per_block)
+    if splits is not None:
+        splits = min(splits, -(-chunks // stage_chunks))
     elif blocks_n >= sm_count:
         splits = 1
     else:
         splits = min(max(1, sm_count * max(1, blocks_per_sm) // blocks_n),
-                     max(1, chunks // (SMALL_M_MIN_SPLIT_STAGES * stage_chunks)))
+                     max(1, chunks // (min_split_stages * stage_chunks)))
     per_split = -(-(-(-chunks // splits)) // stage_chunks) * stage_chunks
     return SmallMShape(blocks_n, -(-chunks // per_split), per_split)
 
@@ -358,19 +366,7 @@ def gemm_wgmma_smem(m_tiles: int, stages: int) -> int:
 
 def wgmma_launch_shape(N: int, K: int, bits: int, sm_count: int, config: GemmWgmmaConfig = GemmWgmmaConfig(),
                        blocks_per_sm: int = 1) -> SmallMShape:
-    """The gemm_wgmma grid for one problem on one GPU (pure arithmetic, no GPU needed): ceil(N / rows_per_block)
-    blocks along N and, where that is less than one wave of resident blocks (``blocks_per_sm`` x ``sm_count``),
-    K split to about one wave, each split keeping at least ``WGMMA_MIN_SPLIT_STAGES`` stages;
-    ``config.splits`` forces the count (capped at one stage per split)."""
-    chunks = K // chunk_elems(bits)
-    stage_chunks = WGMMA_STAGE_ELEMS // chunk_elems(bits)
-    blocks_n = -(-N // config.rows_per_block)
-    wave = sm_count * max(1, blocks_per_sm)
-    if config.splits is not None:
-        splits = min(config.splits, -(-chunks // stage_chunks))
-    elif blocks_n >= wave:
-        splits = 1
-    else:
-        splits = min(max(1, wave // blocks_n), max(1, chunks // (WGMMA_MIN_SPLIT_STAGES * stage_chunks)))
-    per_split = -(-(-(-chunks // splits)) // stage_chunks) * stage_chunks
-    return SmallMShape(blocks_n, -(-chunks // per_split), per_split)
+    """The gemm_wgmma grid for one problem on one GPU (pure arithmetic, no GPU needed): :func:`staged_launch_shape`
+    with its stages of ``WGMMA_STAGE_ELEMS``, each split keeping at least ``WGMMA_MIN_SPLIT_STAGES``."""
+    return staged_launch_shape(N, K, sm_count, config.rows_per_block, WGMMA_STAGE_ELEMS, chunk_elems(bits),
+                               WGMMA_MIN_SPLIT_STAGES, config.splits, blocks_per_sm)
