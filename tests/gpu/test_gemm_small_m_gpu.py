@@ -136,11 +136,12 @@ def test_split_k_is_deterministic(bits):
 
 def test_it_is_the_default(monkeypatch):
     """With dispatch.GEMM_SMALL_M_DEFAULT on (the default), a narrow weight's default plan for 8 <= M <= 64 is
-    gemm_small_m."""
+    gemm_small_m where gemm_wgmma (Hopper's default from M = 17, which comes first) is off."""
     cached = _weight(1024, 1024, 4, 64, False)
     qw = QuantizedWeight(cached.qweight.clone(), cached.scale.clone(), cached.offset.clone(), 4, 64, 1024, 1024,
                          symmetric=False)  # a fresh weight: no default plan cached yet
     monkeypatch.setattr(dispatch, "GEMM_SMALL_M_DEFAULT", True)
+    monkeypatch.setattr(dispatch, "GEMM_WGMMA_DEFAULT", False)
     dev = torch.cuda.current_device()
     assert wo.get_plan(qw, 17, torch.float16, dev).strategy == STRATEGY
     assert wo.get_plan(qw, 7, torch.float16, dev).strategy == "gemv_mma"
