@@ -236,16 +236,18 @@ def _build_in_worker(spec_dict: dict) -> tuple[str, bool]:
 
 # The kernels the slow tests compile: the smallest plain kernel of each generation (keyed by its
 # kernel cc), the smallest Sm75 kernel with a fused (EVT) epilogue and the plain any-N kernel (Sm80,
-# D stored one element at a time).
+# D stored one element at a time) with its narrow tile.
 SM75_EVT = "sm75_dequant"
 ANY_N = "sm80_any_n"
-BUILT = [75, 80, 90, SM75_EVT, ANY_N]
+ANY_N_NARROW = "sm80_any_n_narrow"
+BUILT = [75, 80, 90, SM75_EVT, ANY_N, ANY_N_NARROW]
 
 
 @pytest.fixture(scope="module")
 def built_kernels():
     """The kernels of BUILT, compiled in one process each, all at once."""
-    special = {SM75_EVT: _spec(75, "dequant", "f16"), ANY_N: any_n_spec(80, 90, "none", "s32")}
+    special = {SM75_EVT: _spec(75, "dequant", "f16"), ANY_N: any_n_spec(80, 90, "none", "s32"),
+               ANY_N_NARROW: any_n_spec(80, 90, "none", "s32", None, "any_n_narrow")}
     specs = {key: special[key] if key in special else _spec(key) for key in BUILT}
     with ProcessPoolExecutor(len(specs)) as pool:
         results = list(pool.map(_build_in_worker, [s.to_dict() for s in specs.values()]))
@@ -255,7 +257,7 @@ def built_kernels():
 
 @pytest.fixture(scope="module")
 def built_plain_kernels(built_kernels):
-    return {cc: built_kernels[cc] for cc in (75, 80, 90)}
+    return {cc: built_kernels[cc] for cc in (75, 80, 90)}  # with the any-N kernels built beside them
 
 
 def _pointer_sentinels(artifact, base: int) -> dict[str, int]:
@@ -346,7 +348,7 @@ def test_second_build_is_all_cache_hits(built_plain_kernels):
         [sys.executable, str(REPO / "scripts" / "build_kernels.py"), "--arch", "90", "--epilogue", "none",
          "--bucket", "small"], env=env, capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
-    assert "0 built, 4 cache hits, 0 failed" in result.stderr  # the 3 generations' and the any-N kernel
+    assert "0 built, 5 cache hits, 0 failed" in result.stderr  # the 3 generations' and the 2 any-N kernels
 
 
 @pytest.mark.slow

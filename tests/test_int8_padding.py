@@ -178,9 +178,18 @@ def test_sm75_plans_have_no_any_n_kernel():
 def test_large_bucket_has_its_own_any_n_tile():
     """The large M bucket takes "any_n_large" (128 x 128 x 64: the 64 x 64 tile ran M = 1024, N = 4097 at
     2.48x the aligned time per element on an H200); the others "any_n"."""
-    large = any_n_spec(80, 90, "dequant", "f16", H100, "large")
+    large = any_n_spec(80, 90, "dequant", "f16", H100, "any_n_large")
     assert (large.threadblock_shape, large.stages, large.alignment_D) == ((128, 128, 64), 4, 1)
-    assert any_n_spec(80, 90, "dequant", "f16", H100, "medium") == any_n_spec(80, 90, "dequant", "f16")
+    assert any_n_spec(80, 90, "dequant", "f16", H100, "any_n") == any_n_spec(80, 90, "dequant", "f16")
+
+
+def test_narrow_any_n_tile_and_unknown_tile_names():
+    """"any_n_narrow" (64 x 32 x 128) for grids of the any-N tile that leave SMs idle; other names refused."""
+    narrow = any_n_spec(80, 90, "requant", "s8", H100, "any_n_narrow")
+    assert (narrow.threadblock_shape, narrow.stages, narrow.warp_count, narrow.alignment_D) == \
+        ((64, 32, 128), 4, (2, 1, 1), 1)
+    with pytest.raises(ValueError, match="tile must be one of"):
+        any_n_spec(80, 90, "requant", "s8", H100, "large")
 
 
 @pytest.mark.parametrize("target", ["80", "86", "90"])
@@ -188,12 +197,13 @@ def test_configured_specs_end_with_the_any_n_kernels_per_epilogue_and_output(tar
     every = configured_specs(target)
     any_n = [s for s in every if s.alignment_D == 1]
     assert every[-len(any_n):] == any_n  # appended: the tuned kernels keep their order
-    pairs = [(n, e, b) for n, e in PAIRS for b in ("small", "large")]
+    pairs = [(n, e, t) for n, e in PAIRS for t in tuning.ANY_N_TILES]
     assert [(s.epilogue, s.element_D) for s in any_n] == [(n, e) for n, e, _ in pairs]
-    assert any_n == [any_n_spec(80, int(target), n, e, None, b) for n, e, b in pairs]
+    assert any_n == [any_n_spec(80, int(target), n, e, None, t) for n, e, t in pairs]
     assert configured_specs(target, buckets=("large",))[-len(any_n):] == any_n
     small_only = [s for s in configured_specs(target, buckets=("small",)) if s.alignment_D == 1]
-    assert small_only == [any_n_spec(80, int(target), n, e) for n, e in PAIRS]  # the wide tile: large M only
+    assert small_only == [any_n_spec(80, int(target), n, e, None, t) for n, e in PAIRS
+                          for t in ("any_n", "any_n_narrow")]  # the wide tile: large M only
     assert not [s for s in configured_specs(target, any_n=False) if s.alignment_D == 1]
     assert len({s.name for s in every}) == len(every)
 

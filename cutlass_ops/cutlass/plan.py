@@ -30,7 +30,7 @@ from .fast import FastPath
 from .kernel import GemmKernel
 from .padding import pad_operands, padded_sizes
 from .spec import GemmKernelSpec
-from .tuning import ALIGNMENT_K, BUCKETS, any_n_spec, bucket_limits, kernel_spec, resolve_arch, target_arch_for
+from .tuning import ALIGNMENT_K, ANY_N_TILES, BUCKETS, any_n_spec, bucket_limits, kernel_spec, resolve_arch, target_arch_for
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,16 @@ class _Slots:
 class Int8Gemm:
     """One int8 GEMM kernel (a plan): ``plan(A, B, out=None, **epilogue_inputs)`` launches it on
     torch's current stream and returns D. ``any_n``: the plan that takes the N this kernel cannot store
-    (N % spec.alignment_D != 0), or None (pad N); ``any_n_wide``: the large bucket's any-N plan of a wider
-    tile, taken where its tiles alone fill the GPU (:meth:`any_n_for`), or None."""
+    (N % spec.alignment_D != 0), or None (pad N); ``any_n_narrow``: the any-N plan of a narrower tile, taken
+    where ``any_n``'s grid would leave SMs idle; ``any_n_wide``: the large bucket's any-N plan of a wider
+    tile, taken where its tiles alone fill the GPU (:meth:`any_n_for`); either may be None."""
 
-    def __init__(self, spec: GemmKernelSpec, any_n: "Int8Gemm | None" = None, any_n_wide: "Int8Gemm | None" = None):
+    def __init__(self, spec: GemmKernelSpec, any_n: "Int8Gemm | None" = None, any_n_wide: "Int8Gemm | None" = None,
+                 any_n_narrow: "Int8Gemm | None" = None):
         self.spec = spec
         self.any_n = any_n
         self.any_n_wide = any_n_wide
+        self.any_n_narrow = any_n_narrow
         self.epilogue = epilogues.get(spec.epilogue)
         self.out_dtype = epilogues.OUTPUT_DTYPES[spec.element_D]
         self._kernel: GemmKernel | None = None
@@ -162,22 +165,25 @@ class Int8Gemm:
         per element on an H200, against the any-N kernel's 1.4-1.55x; while capturing nothing is kept, so a
         padded call would copy B in every replay). The wide-tile plan where its tiles fill the SMs (H200,
         M = 1024: N = 4097 1.70x the aligned time per element against the small tile's 2.48x, but N = 257
-        1.96x against 1.03x: 24 CTAs)."""
+        1.96x against 1.03x: 24 CTAs); the narrow-tile plan where the any-N tile's would not (H200, M = 64:
+        N = 257 1.41-1.55x -> 1.27-1.30x, N = 1000 1.57-1.64x -> 1.47-1.49x; tuning.ANY_N_NARROW_TILE)."""
         if self.any_n is None or not N % self.spec.alignment_D:
             return None
         if M == 1 and not torch.cuda.is_current_stream_capturing():
             return None
+        sms = sm_count(device)
         wide = self.any_n_wide
-        if wide is not None:
-            tile_M, tile_N = wide.spec.threadblock_shape[:2]
-            if -(-M // tile_M) * -(-N // tile_N) >= sm_count(device):
-                return wide
+        if wide is not None and _ctas(wide, M, N) >= sms:
+            return wide
+        narrow = self.any_n_narrow
+        if narrow is not None and _ctas(self.any_n, M, N) < sms:
+            return narrow
         return self.any_n
 
     def mark_finite(self, tensors: list[torch.Tensor]) -> None:
         """Per-column inputs checked for NaN / Inf, so that the C++ path takes them from now on (the
         extension keeps one set for every plan: either plan's path marks them)."""
-        for plan in (self, self.any_n, self.any_n_wide):
+        for plan in (self, self.any_n, self.any_n_narrow, self.any_n_wide):
             if plan is not None and plan._fast:
                 plan._fast.mark_finite(tensors)
                 return
@@ -298,6 +304,12 @@ def check_sizes(M: int, N: int, K: int, align_D: int, element_D: str) -> None:
         raise ValueError(f"N={N} must be a multiple of {align_D} for {element_D} output (16-byte stores of D)")
 
 
+def _ctas(plan: Int8Gemm, M: int, N: int) -> int:
+    """CTAs of ``plan``'s grid for an M x N problem."""
+    tile_M, tile_N = plan.spec.threadblock_shape[:2]
+    return -(-M // tile_M) * -(-N // tile_N)
+
+
 def _check_input(name: str, kind: str, value: torch.Tensor, M: int, N: int, device: int) -> None:
     if not isinstance(value, torch.Tensor) or value.dtype != torch.float32:
         raise TypeError(f"{name} must be a float32 tensor")
@@ -343,11 +355,12 @@ def get_plan(device: int, arch: int | None, epilogue: str, element_D: str | None
         if element not in epi.output_dtypes:
             raise ValueError(f"epilogue {epilogue!r} writes {list(epi.output_dtypes)}, not {element!r}")
         spec = kernel_spec(kernel_cc, target_arch_for(kernel_cc, device_cc), epilogue, element, bucket, gpu_name)
-        any_n = _any_n_plan(device, any_n_spec(kernel_cc, device_cc, epilogue, element, gpu_name))
-        wide = None
-        if bucket == BUCKETS[-1]:
-            wide = _any_n_plan(device, any_n_spec(kernel_cc, device_cc, epilogue, element, gpu_name, bucket))
-        plan = _plans[key] = Int8Gemm(spec, any_n, wide if wide is not any_n else None)
+        any_n, narrow, wide = (_any_n_plan(device, any_n_spec(kernel_cc, device_cc, epilogue, element, gpu_name, tile))
+                               for tile in ANY_N_TILES)
+        if bucket != BUCKETS[-1]:
+            wide = None
+        plan = _plans[key] = Int8Gemm(spec, any_n, wide if wide is not any_n else None,
+                                      narrow if narrow is not any_n else None)
     return plan
 
 

@@ -9,8 +9,9 @@ or are slower. :func:`kernel_spec` turns (generation, target, epilogue, D type, 
 
 N not a multiple of 16 bytes of D (:func:`alignment_D`) runs on an "any-N" kernel (:func:`any_n_spec`):
 a CUTLASS 2.x (Sm80) kernel whose epilogue stores D, and reads the per-column inputs, one element at a
-time, so N needs no padding. One per (epilogue, D type) and GPU with the tile of the tables'
-``"80": {"any_n": ...}`` entry, and one with ``"any_n_large"`` for the large M bucket. At M = 1 outside
+time, so N needs no padding. Per (epilogue, D type) and GPU, one kernel per tile of the tables'
+``"80"`` entry (:data:`ANY_N_TILES`): ``"any_n"``, ``"any_n_narrow"`` (grids that leave SMs idle) and
+``"any_n_large"`` (the large M bucket's, where it fills the GPU); the plan picks one per call. At M = 1 outside
 CUDA-graph capture the plan pads N instead (one row of D_pad is already contiguous: no copy). Sm90 has none (its TMA epilogue needs 16-byte row strides), so
 Hopper runs the Sm80 ones; Sm75 pads N (padding.py).
 """
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["TUNING_DIR", "BUCKETS", "FLOAT_OUTPUTS", "ALIGNMENT_K", "table", "bucket_limits", "bucket_for",
            "gpu_file_name", "alignment_D", "target_arch_for", "resolve_arch", "kernel_spec", "configured_specs",
-           "ANY_N_KERNEL_CC", "ANY_N_ALIGNMENT_D", "ANY_N_TILE", "ANY_N_LARGE_TILE", "any_n_spec"]
+           "ANY_N_KERNEL_CC", "ANY_N_ALIGNMENT_D", "ANY_N_TILE", "ANY_N_NARROW_TILE", "ANY_N_LARGE_TILE", "ANY_N_TILES",
+           "any_n_spec"]
 
 # M buckets, smallest first: "small" M <= small_m_max < "medium" M <= medium_m_max < "large".
 BUCKETS = ("small", "medium", "large")
@@ -47,9 +49,15 @@ _ELEMENT_BYTES = {"s8": 1, "f16": 2, "bf16": 2, "s32": 4, "f32": 4}
 ANY_N_KERNEL_CC = 80
 ANY_N_ALIGNMENT_D = 1
 ANY_N_TILE = "any_n"
+# ... a narrower tile where the any-N tile's grid leaves SMs idle (fewer CTAs than SMs: the time is one CTA's
+# pass over K, and the narrower tile's CTAs each stream half the rows of B). H200, K = 4096, us, 64 x 32 x 128
+# against 64 x 64 x 128: M = 64, N = 257 11.8 -> 9.9 (int32 D) / 10.9 -> 9.8 (int8), N = 1000 13.2 -> 12.1 /
+# 12.9 -> 12.0; M = 1024, N = 257 13.2 -> 12.2; but M = 1024, N = 1000 (256 CTAs) 18.9 -> 19.9;
+ANY_N_NARROW_TILE = "any_n_narrow"
 # ... and for the large M bucket, a tile that fills the GPU at large M x N (with the 64 x 64 tile, M = 1024,
 # N = 4097 ran at 2.48x the aligned Sm90 time per element on an H200)
 ANY_N_LARGE_TILE = "any_n_large"
+ANY_N_TILES = (ANY_N_TILE, ANY_N_NARROW_TILE, ANY_N_LARGE_TILE)
 
 
 def alignment_D(kernel_cc: int, element_D: str) -> int:
@@ -154,19 +162,20 @@ def _spec_of_tile(kernel_cc: int, target_arch: str, epilogue: str, element_D: st
 
 
 def any_n_spec(kernel_cc: int, device_cc: int, epilogue: str, element_D: str,
-               gpu_name: str | None = None, bucket: str = "small") -> GemmKernelSpec | None:
+               gpu_name: str | None = None, tile: str = ANY_N_TILE) -> GemmKernelSpec | None:
     """The kernel that runs an N that is not a multiple of ``alignment_D(kernel_cc, element_D)`` without
-    padding N, for plans of generation ``kernel_cc`` and M ``bucket`` on a GPU of ``device_cc``: Sm80 with
-    the tables' ``"80": {"any_n": tile}`` (``"any_n_large"`` for the large bucket), alignment_D = 1 (Sm90
-    plans use it too). None for Sm75 plans: they pad N."""
+    padding N, for plans of generation ``kernel_cc`` on a GPU of ``device_cc``: Sm80 with the tables'
+    ``"80": {tile: ...}`` entry (``tile``: one of :data:`ANY_N_TILES`), alignment_D = 1 (Sm90 plans use it
+    too). None for Sm75 plans: they pad N."""
+    if tile not in ANY_N_TILES:
+        raise ValueError(f"tile must be one of {ANY_N_TILES}, got {tile!r}")
     if kernel_cc < ANY_N_KERNEL_CC:
         return None
-    name = ANY_N_LARGE_TILE if bucket == BUCKETS[-1] else ANY_N_TILE
-    tile = table(gpu_name).get(str(ANY_N_KERNEL_CC), {}).get(name)
-    if tile is None:
-        raise ValueError(f"no {name!r} tile for Sm{ANY_N_KERNEL_CC} in the tuning tables (default.json"
+    entry = table(gpu_name).get(str(ANY_N_KERNEL_CC), {}).get(tile)
+    if entry is None:
+        raise ValueError(f"no {tile!r} tile for Sm{ANY_N_KERNEL_CC} in the tuning tables (default.json"
                          f"{' + ' + gpu_file_name(gpu_name) if gpu_name else ''})")
-    return _spec_of_tile(ANY_N_KERNEL_CC, target_arch_for(ANY_N_KERNEL_CC, device_cc), epilogue, element_D, tile,
+    return _spec_of_tile(ANY_N_KERNEL_CC, target_arch_for(ANY_N_KERNEL_CC, device_cc), epilogue, element_D, entry,
                          ANY_N_ALIGNMENT_D)
 
 
@@ -175,7 +184,8 @@ def configured_specs(target: int | str, epilogue_names: list[str] | None = None,
                      any_n: bool = True) -> list[GemmKernelSpec]:
     """Every kernel ``int8_gemm`` may launch on a GPU of compute capability ``target``, each once
     (buckets sharing a tile share a kernel); last, with ``any_n``, the any-N kernels (:func:`any_n_spec`:
-    per epilogue and D type the any-N tile, which serves every bucket, and with the large bucket its own)."""
+    per epilogue and D type the any-N and narrow tiles, which serve every bucket, and with the large bucket
+    its own)."""
     device_cc = int(str(target).rstrip("a"))
     specs: dict[GemmKernelSpec, None] = {}
     for kernel_cc in (90, 80, 75):
@@ -190,6 +200,6 @@ def configured_specs(target: int | str, epilogue_names: list[str] | None = None,
     if any_n and device_cc >= ANY_N_KERNEL_CC:
         for name in epilogue_names or epilogues.names():
             for element_D in epilogues.get(name).output_dtypes:
-                for bucket in (BUCKETS[0], BUCKETS[-1]) if BUCKETS[-1] in buckets else (BUCKETS[0],):
-                    specs.setdefault(any_n_spec(ANY_N_KERNEL_CC, device_cc, name, element_D, gpu_name, bucket))
+                for tile in ANY_N_TILES if BUCKETS[-1] in buckets else ANY_N_TILES[:2]:
+                    specs.setdefault(any_n_spec(ANY_N_KERNEL_CC, device_cc, name, element_D, gpu_name, tile))
     return list(specs)

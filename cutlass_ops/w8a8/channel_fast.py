@@ -70,9 +70,10 @@ class _ChannelPath:
 
             self.ext.register_quant_token(device, torch.empty(0, dtype=dtype), K, *launch_parameters(device, dtype, K))
             self.quant.add((device, dtype, K))
-        # the plan of M's bucket and, where the family has them, its plans for N it cannot store (any_n; the
-        # large bucket's wide-tile any_n_wide): the extension takes the one that registered this shape
-        for gemm in (plan, getattr(plan, "any_n", None), getattr(plan, "any_n_wide", None)):
+        # the plan of M's bucket and, where the family has them, its plans for N it cannot store (any_n, the
+        # narrow-tile any_n_narrow, the large bucket's wide-tile any_n_wide): the extension takes the one that
+        # registered this shape
+        for gemm in (plan, *(getattr(plan, name, None) for name in ("any_n", "any_n_narrow", "any_n_wide"))):
             fast = getattr(gemm, "_fast", None)  # the GEMM plan's own C++ path (False / None: none yet)
             if not fast:
                 continue

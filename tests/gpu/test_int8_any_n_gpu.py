@@ -50,6 +50,12 @@ def co():
     return cutlass_ops
 
 
+def _ctas(plan, M: int, N: int) -> int:
+    from cutlass_ops.cutlass.plan import _ctas as ctas
+
+    return ctas(plan, M, N)
+
+
 def _plan(M: int, name: str, element: str):
     from cutlass_ops.cutlass import plan_for
 
@@ -63,7 +69,9 @@ def _assert_ran_unpadded(M: int, N: int, name: str, element: str, weight_side: l
     plan = _plan(M, name, element)
     assert plan.any_n is not None and plan.any_n.spec.alignment_D == 1 and plan.any_n.spec.kernel_cc == 80
     if N % plan.spec.alignment_D:
-        assert plan.any_n._kernel is not None  # the any-N kernel ran
+        chosen = plan.any_n_for(M, N, torch.cuda.current_device())
+        assert chosen in (plan.any_n, plan.any_n_narrow, plan.any_n_wide) and chosen.spec.alignment_D == 1
+        assert chosen._kernel is not None  # the any-N kernel it picks ran
         assert all(padding._padded.get(t) is None for t in weight_side)  # B, per-column inputs: no copies
 
 
@@ -105,10 +113,29 @@ def test_large_M_takes_the_wide_any_N_tile_where_it_fills_the_GPU(co, name, elem
     plan = _plan(M, name, element)
     wide = plan.any_n_wide
     assert wide is not None and wide.spec.threadblock_shape != plan.any_n.spec.threadblock_shape
-    tile_M, tile_N = wide.spec.threadblock_shape[:2]
-    fills = -(-M // tile_M) * -(-N // tile_N) >= sm_count(0)
-    assert plan.any_n_for(M, N, 0) is (wide if fills else plan.any_n)
-    assert (wide if fills else plan.any_n)._kernel is not None  # the one chosen ran
+    fills = _ctas(wide, M, N) >= sm_count(0)
+    small = plan.any_n if _ctas(plan.any_n, M, N) >= sm_count(0) else plan.any_n_narrow
+    assert plan.any_n_for(M, N, 0) is (wide if fills else small)
+    assert (wide if fills else small)._kernel is not None  # the one chosen ran
+
+
+@pytest.mark.parametrize("M,N", [(64, 257), (64, 4097), (130, 1001), (8, 3)])
+@pytest.mark.parametrize("name,element", [("none", "s32"), ("requant", "s8"), ("dequant", "f16")])
+def test_idle_grids_take_the_narrow_any_N_tile(co, name, element, M, N):
+    """Where the any-N tile's grid has fewer CTAs than the GPU has SMs, the narrow tile (64 x 32) runs; exact /
+    bounded as the others."""
+    from custom_kernels.device import sm_count
+
+    gen = torch.Generator().manual_seed(M * 31 + N)
+    A, B = _int8(M, K, generator=gen), _int8(N, K, generator=gen)
+    inputs = _epilogue_inputs(name, M, N, gen)
+    D = co.int8_gemm(A, B, name, out_dtype=epilogues.OUTPUT_DTYPES[element], **inputs)
+    _check(D, A, B, name, element, inputs)
+    plan = _plan(M, name, element)
+    narrow = plan.any_n_narrow
+    assert narrow is not None and narrow.spec.threadblock_shape[1] < plan.any_n.spec.threadblock_shape[1]
+    expected = narrow if _ctas(plan.any_n, M, N) < sm_count(0) else plan.any_n
+    assert plan.any_n_for(M, N, 0) is expected and expected._kernel is not None
 
 
 @pytest.mark.parametrize("name,element", [("none", "s32"), ("requant", "s8"), ("dequant", "f16")])
