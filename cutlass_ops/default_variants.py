@@ -31,7 +31,8 @@ import torch
 __all__ = ["KernelUse", "BITS", "FAMILY_OF_STRATEGY", "nvrtc_target", "target_cc", "linear_kernels",
            "dequantize_kernels", "conv2d_kernels", "linear_w8a8_kernels", "linear_w8a8_block_scaled_kernels",
            "quantize_activation_kernels",
-           "quantize_weight_kernels", "quantize_per_token_kernels", "default_variants", "default_modules"]
+           "quantize_weight_kernels", "quantize_per_token_kernels", "int8_gemm_kernels", "default_variants",
+           "default_modules"]
 
 BITS = (4, 8)  # weight widths (formats.check_bits)
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -297,6 +298,18 @@ def _quant_token():
         yield "quant_token", quantize_per_token_kernels(dtype)
 
 
+def int8_gemm_kernels(K: int) -> set[KernelUse]:
+    """The NVRTC kernels ``int8_gemm`` / ``int8_gemm_requant`` (and the W8A8 per-channel GEMM) load besides their
+    CUTLASS kernel: A's zero-padding where K % 16 != 0."""
+    from cutlass_ops.cutlass.padding import PAD_ROWS_KERNEL, padded_K
+
+    return _uses([PAD_ROWS_KERNEL]) if padded_K(K) != K else set()
+
+
+def _pad_rows():
+    yield "pad_rows", int8_gemm_kernels(4097)
+
+
 def default_variants(arch: str | int, *, pdl: bool = True) -> dict[KernelUse, frozenset[str]]:
     """Every kernel the default dispatch of the public ops can load on a GPU whose NVRTC target is
     ``arch`` ("90a", "80", "75", "86", "89"; "90" means "90a"), each with the kernel families
@@ -305,7 +318,8 @@ def default_variants(arch: str | int, *, pdl: bool = True) -> dict[KernelUse, fr
     arch = nvrtc_target(arch)
     cc = target_cc(arch)
     out: dict[KernelUse, set[str]] = {}
-    for family, uses in (*_weight_only(cc, pdl), *_conv(cc), *_w8a8(arch), *_quantize_weight(), *_quant_token()):
+    for family, uses in (*_weight_only(cc, pdl), *_conv(cc), *_w8a8(arch), *_quantize_weight(), *_quant_token(),
+                          *_pad_rows()):
         for use in uses:
             out.setdefault(use, set()).add(family)
     return {use: frozenset(families) for use, families in sorted(out.items())}

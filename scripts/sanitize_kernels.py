@@ -22,12 +22,12 @@ names, and several --kernel-name filters add up):
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --report-api-errors no \
         --destroy-on-device-error kernel --error-exitcode 99 \
         --kernel-name kns=gemv_ --kernel-name kns=gemm_mma_mt --kernel-name kns=gemm_simt \
-        --kernel-name kns=gemm_small_m \
+        --kernel-name kns=gemm_small_m --kernel-name kns=gemm_wgmma \
         --kernel-name kns=conv_ --kernel-name kns=splitk_reduce --kernel-name kns=gather_k --kernel-name kns=dequant_ \
         --kernel-name kns=quantize_q8_1 --kernel-name kns=test_int --kernel-name kns=test_uint \
         --kernel-name kns=quant_a_ --kernel-name kns=precompute_sum_bq --kernel-name kns=precompute_bvec --kernel-name kns=bias_act_ \
         --kernel-name kns=w8a8_kblock_gemm --kernel-name kns=w8a8_kblock_wgmma --kernel-name kns=w8a8_row_planes \
-        --kernel-name kns=quantize_weight_ --kernel-name kns=quant_token_ \
+        --kernel-name kns=quantize_weight_ --kernel-name kns=quant_token_ --kernel-name kns=pad_rows_ \
         python3 scripts/sanitize_kernels.py
 
 The script prints that command for the cases it selected (``--sanitizer-cmd`` prints only it; with

@@ -100,6 +100,8 @@ def loads(arch: str) -> dict[KernelUse, str]:
         add(dv.quantize_per_token_kernels(dtype), f"quantize_per_token {dtype}")
     for problem in conv_grid():
         add(dv.conv2d_kernels(*problem, cc), f"conv2d {problem}")
+    for K in (4096, 4097, 100):
+        add(dv.int8_gemm_kernels(K), f"int8_gemm K={K}")
     for dtype in DTYPES:
         for block_size in (32, 64, 128, 256, 1024, 2048, 4096):
             add(dv.quantize_activation_kernels(dtype, block_size), f"quantize_activation {dtype} g{block_size}")

@@ -28,15 +28,44 @@ def _int8(*shape, seed=0) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("N,K,align_D,expected", [
-    (257, 1000, 4, (260, 1008)),    # int32 / f32 D on Sm90
+    (257, 1000, 4, (260, 1024)),    # int32 / f32 D on Sm90; K to 128 (24 <= 1000 / 32 zero columns)
     (1000, 3, 16, (1008, 16)),      # int8 D: 1000 = 62.5 x 16
     (1, 1, 8, (8, 16)),
-    (4097, 4097, 8, (4104, 4112)),
-    (1024, 4096, 16, (1024, 4096)),  # aligned: unchanged
+    (4097, 4097, 8, (4104, 4224)),
+    (64, 100, 8, (64, 112)),        # 128 would add 28 > 100 / 32 columns: 16
+    (1024, 4112, 16, (1024, 4112)),  # aligned (K % 16 == 0): unchanged
+    (1024, 4096, 16, (1024, 4096)),
 ])
 def test_padded_sizes(N, K, align_D, expected):
     assert padding.padded_sizes(N, K, align_D) == expected
     assert padding.needs_padding(N, K, align_D) == (expected != (N, K))
+
+
+@pytest.mark.parametrize("K", [1, 15, 17, 100, 127, 129, 1000, 4095, 4097, 8191, 12289])
+def test_padded_K_is_the_smallest_16_multiple_or_a_cheap_128_multiple(K):
+    K_pad = padding.padded_K(K)
+    assert K_pad >= K and K_pad % 16 == 0 and K_pad - K < 128
+    if K_pad % 128:
+        assert K_pad == -(-K // 16) * 16 and -(-K // 128) * 128 - K > K // 32
+    else:
+        assert K_pad - K <= K // 32 or K_pad == -(-K // 16) * 16
+
+
+def test_pad_rows_on_the_cpu_is_F_pad():
+    A = _int8(5, 37)
+    A_pad = padding.pad_rows(A, 48)
+    assert A_pad.shape == (5, 48) and A_pad.is_contiguous()
+    assert torch.equal(A_pad[:, :37], A) and not A_pad[:, 37:].any()
+    assert padding.pad_rows(A_pad, 48) is A_pad
+
+
+@pytest.mark.parametrize("arch", [75, 80, "90a"])
+def test_pad_rows_kernel_compiles(arch):
+    from custom_kernels import nvrtc
+
+    source, name, defines = padding.PAD_ROWS_KERNEL
+    cubin = nvrtc.compile_file(source, arch, defines=defines)
+    assert cubin.data[:4] == b"\x7fELF" and name.encode() + b"\0" in cubin.data
 
 
 def test_alignments_are_16_bytes_of_D():

@@ -203,6 +203,7 @@ def _parameters(filename: str, name: str) -> list[str]:
 
 def test_kernel_args_name_the_kernel_parameters():
     """Each KernelArgs class lists its kernel's C parameters, by name and in order."""
+    from cutlass_ops.cutlass import padding
     from cutlass_ops.weight_only import (
         dequant_cublas, gemm_mma, gemm_simt, gemm_small_m, gemv_dp4a, gemv_mma, gemv_simt, gemv_stream, splitk,
     )
@@ -218,6 +219,7 @@ def test_kernel_args_name_the_kernel_parameters():
              (gemm_simt.GemmSimtArgs, "gemm_simt.cu", "gemm_simt"),
              (gemm_small_m.GemmSmallMArgs, "gemm_small_m.cu", "gemm_small_m_mt##MT"),
              (gemm_small_m.GemmSmallMArgs, "gemm_wgmma.cu", "gemm_wgmma_mt##MT"),  # build_staged packs both
-             (dequant_cublas.DequantArgs, "dequant_weight.cu", "dequant_weight")]
+             (dequant_cublas.DequantArgs, "dequant_weight.cu", "dequant_weight"),
+             (padding.PadRowsArgs, "pad_rows.cu", "pad_rows_i8")]  # the int8 GEMMs' A padding
     for args, filename, anchor in cases:
         assert [f[0] for f in args._fields_] == _parameters(filename, anchor), (args.__name__, filename)

@@ -6,7 +6,7 @@ from sanitize.converter_cases import _build_converter_cases
 from sanitize.quantizer_cases import _build_quant_token_cases, _build_quantize_weight_cases
 from sanitize.registry import CASES, Case
 from sanitize.scheme2_cases import _build_scheme2_helper_cases
-from sanitize.w8a8_cases import _build_block_scaled_cases, _build_w8a8_cases
+from sanitize.w8a8_cases import _build_block_scaled_cases, _build_pad_rows_cases, _build_w8a8_cases
 from sanitize.weight_only_cases import _build_weight_only_cases
 
 
@@ -20,4 +20,5 @@ def build_cases() -> list[Case]:
         _build_block_scaled_cases()
         _build_quantize_weight_cases()
         _build_quant_token_cases()
+        _build_pad_rows_cases()
     return CASES

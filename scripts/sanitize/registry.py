@@ -12,7 +12,7 @@ FAMILIES = ("gemv_mma", "gemv_stream", "gemv_simt", "gemm_mma", "gemm_simt", "ge
             "gemv_dp4a",
             "converters_test",
             "conv", "quant_a", "scheme2_epilogue", "w8a8_kblock_fused", "w8a8_kblock_wgmma", "quantize_weight",
-            "quant_token")
+            "quant_token", "pad_rows")
 ALIASES = {"gemv": ("gemv_mma", "gemv_stream", "gemv_simt"), "gemm": ("gemm_mma", "gemm_simt", "gemm_small_m", "gemm_wgmma"),
            "dequant": "dequant_weight",
            "dp4a": "gemv_dp4a", "converters": "converters_test",
@@ -24,7 +24,7 @@ ALIASES = {"gemv": ("gemv_mma", "gemv_stream", "gemv_simt"), "gemm": ("gemm_mma"
 SANITIZER_PREFIXES = ("gemv_", "gemm_mma_mt", "gemm_simt", "gemm_small_m", "gemm_wgmma", "conv_", "splitk_reduce", "gather_k", "dequant_", "quantize_q8_1",
                       "test_int", "test_uint", "quant_a_", "precompute_sum_bq", "precompute_bvec", "bias_act_", "w8a8_kblock_gemm",
                       "w8a8_kblock_wgmma", "w8a8_row_planes", "quantize_weight_",
-                      "quant_token_")
+                      "quant_token_", "pad_rows_")
 
 # Kernels no case can reach, with the reason (checked by --check-coverage). Empty: all are reached.
 UNREACHABLE: dict[str, str] = {}

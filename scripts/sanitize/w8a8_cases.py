@@ -132,3 +132,17 @@ def _build_block_scaled_cases() -> None:
             refs.append(_ref("quant_a.cu", f"quant_a_warp_{_DT_NAME[dtype]}", dict(SYMMETRIC)))
         _add(f"w8a8_block_scaled/{config}-g{bs}-{_DT_NAME[dtype]}-M{M}-N{N}-K{K}-s{splits}", "w8a8_kblock_wgmma",
              refs, run, min_cc=tiles.WGMMA_CC)
+
+
+def _build_pad_rows_cases() -> None:
+    """int8 GEMMs at K % 16 != 0: A zero-padded by pad_rows_i8 (K to 128 and to 16, ragged rows), then the GEMM."""
+    from cutlass_ops.cutlass.padding import PAD_ROWS_KERNEL
+    import cutlass_ops as ops
+
+    for M, N, K in ((129, 200, 4097), (3, 40, 100)):
+        def run(M=M, N=N, K=K):
+            g = torch.Generator().manual_seed(M + K)
+            A = torch.randint(-128, 128, (M, K), generator=g, dtype=torch.int8).to(_cuda())
+            B = torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8).to(_cuda())
+            return ops.int8_gemm(A, B)
+        _add(f"pad_rows/M{M}-N{N}-K{K}", "pad_rows", [_ref(PAD_ROWS_KERNEL[0], PAD_ROWS_KERNEL[1])], run)

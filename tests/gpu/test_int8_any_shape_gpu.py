@@ -206,3 +206,19 @@ def test_errors_name_the_callers_sizes(co, gen):
         co.int8_gemm(A, B, "dequant", scale_col=torch.ones(257, device="cuda"))
     with pytest.raises(TypeError, match="unexpected"):
         co.int8_gemm(A, B, "none", scale=torch.ones(257, device="cuda"))
+
+
+@pytest.mark.parametrize("M,K,K_pad", [(1, 1, 16), (3, 100, 112), (64, 4097, 4224), (1029, 4097, 4112),
+                                       (5000, 33, 48), (7, 4112, 4224)])
+def test_pad_rows_kernel_equals_F_pad(co, M, K, K_pad):
+    """pad_rows_i8 (the A padding of K % 16 != 0) against F.pad, at unaligned row starts, ragged grids and a grid
+    that strides (M = 5000: more vectors than 4 x SMs x 256 threads)."""
+    from cutlass_ops.cutlass import padding
+
+    A = torch.randint(-128, 128, (M, K), dtype=torch.int8, device="cuda")
+    A_pad = padding.pad_rows(A, K_pad)
+    assert A_pad.shape == (M, K_pad) and A_pad.is_contiguous() and A_pad.data_ptr() % 16 == 0
+    assert torch.equal(A_pad, torch.nn.functional.pad(A, (0, K_pad - K)))
+    shifted = torch.empty(M * K + 1, dtype=torch.int8, device="cuda")[1:].view(M, K)  # rows off 16 bytes too
+    shifted.copy_(A)
+    assert torch.equal(padding.pad_rows(shifted, K_pad), A_pad)
