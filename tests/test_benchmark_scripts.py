@@ -135,8 +135,8 @@ def test_padding_helpers():
 @pytest.mark.parametrize("N, K, cc, element_D, expected", [
     (1000, 4096, 90, "f16", "Sm90 align 8"), (1000, 4096, 90, "s32", "Sm90 align 4"),
     (1000, 4096, 90, "s8", "Sm80 align 1"), (257, 4096, 90, "f16", "Sm80 align 1"), (257, 4096, 80, "s32", "Sm80 align 1"),
-    (257, 4096, 75, "s32", "Sm75 padded to 264x4096"), (1000, 4097, 75, "f16", "Sm75 align 8, K padded to 4112"),
-    (1024, 4097, 90, "f16", "Sm90 align 8, K padded to 4112"), (1000, 4097, 90, "s8", "Sm80 align 1, K padded to 4112"),
+    (257, 4096, 75, "s32", "Sm75 padded to 264x4096"), (1000, 4097, 75, "f16", "Sm75 align 8, K padded to 4224"),
+    (1024, 4097, 90, "f16", "Sm90 align 8, K padded to 4224"), (1000, 4097, 90, "s8", "Sm80 align 1, K padded to 4224"),
     (4096, 4096, 90, "s8", "Sm90 align 16")])
 def test_kernel_ran(N, K, cc, element_D, expected):
     assert bench_pad.kernel_ran(N, K, cc, element_D) == expected
