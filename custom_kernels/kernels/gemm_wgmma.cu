@@ -117,8 +117,8 @@ struct Stager {
   static_assert(Tile<kMTiles>::kRows % kRowsPerPass == 0 && 8 % kRowsPerPass == 0, "whole passes, disjoint XOR bits");
   static_assert(kPasses >= 1, "every thread copies");
 
-  const T* src;       // row m0, K element 2p (add k0 and the pass's rows)
-  int64_t pass_step;  // kRowsPerPass rows of A
+  const T* src;         // row m0, K element 2p (add k0 and the pass's rows)
+  int64_t pass_bytes;   // kRowsPerPass rows of A, in bytes (the copies walk a byte pointer: one 64-bit add each)
   uint32_t dst;       // row m0's byte of pair p within a stage, before the row's swizzle
   uint32_t unit_x;    // the 16-byte unit of pair p, XORed with m0's swizzle bits, << 4
   int m0, two_p;
@@ -138,7 +138,7 @@ struct Stager {
     dst = (step >> 2) * Tile<kMTiles>::kRegionBytes + m0 * 128 + 4 * t;
     unit_x = static_cast<uint32_t>(unit ^ m0) << 4;
     src = A + static_cast<int64_t>(m0) * K + two_p;
-    pass_step = static_cast<int64_t>(kRowsPerPass) * K;
+    pass_bytes = static_cast<int64_t>(kRowsPerPass) * K * static_cast<int64_t>(sizeof(T));
   }
 
   // Zeros in rows M .. kRows - 1 of every stage buffer, written once: copy() never writes those rows.
@@ -158,14 +158,15 @@ struct Stager {
   // Rows < M of one stage (K past k_end as zeros, without reading).
   __device__ __forceinline__ void copy(uint32_t stage, int M, int k0, int k_end) const {
     const bool k_ok = k0 + two_p < k_end;
-    const T* base = k_ok ? src + k0 : src - two_p;  // src - two_p: the row's start, a valid address
+    const char* from = reinterpret_cast<const char*>(k_ok ? src + k0 : src - two_p);  // src - two_p: the row's start
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       if (m0 + kRowsPerPass * i < M) {
         const uint32_t addr =
             stage + dst + i * kRowsPerPass * 128 + (unit_x ^ (static_cast<uint32_t>((kRowsPerPass * i) & 7) << 4));
-        cp_async_4(addr, base + i * pass_step, k_ok ? 4 : 0);
+        cp_async_4(addr, from, k_ok ? 4 : 0);
       }
+      from += pass_bytes;
     }
   }
 };
@@ -201,11 +202,12 @@ template <typename T, int kBits, int kMTiles>
 __device__ __forceinline__ void issue_trip(float* acc, const uint32_t (&a)[Geometry<kBits>::kStepsPerTrip][4],
                                            uint32_t stage_addr, int first_step) {
   sm90::wgmma_fence();  // the fragments (and the accumulators) are written before the wgmmas read them
+  const uint64_t stage_desc = sm90::sw128_desc(stage_addr);
 #pragma unroll
   for (int j = 0; j < Geometry<kBits>::kStepsPerTrip; ++j) {
     const int step = first_step + j;
-    const uint32_t b = stage_addr + (step >> 2) * Tile<kMTiles>::kRegionBytes + (step & 3) * 32;
-    sm90::wgmma_rs<T, 8 * kMTiles>(acc, a[j], sm90::sw128_desc(b), 1);
+    const uint32_t offset = (step >> 2) * Tile<kMTiles>::kRegionBytes + (step & 3) * 32;
+    sm90::wgmma_rs<T, 8 * kMTiles>(acc, a[j], sm90::desc_advance(stage_desc, offset), 1);
   }
   sm90::wgmma_commit();
 }

@@ -48,6 +48,14 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
          (static_cast<uint64_t>(1024 >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
+// The descriptor of the tile `bytes` (a multiple of 16) past `desc`'s: why an add is enough: the start address
+// field holds shared address >> 4 in 14 bits, shared addresses stay below 2^18 (228 KB), so no carry leaves the
+// field, and the other fields are unchanged (one uniform add instead of the mask, shift and OR of sw128_desc).
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  // A 32-bit add on the low word (a 64-bit one costs a carry chain of uniform instructions per wgmma).
+  return (desc & 0xFFFFFFFF00000000ull) | static_cast<uint32_t>(static_cast<uint32_t>(desc) + (bytes >> 4));
+}
+
 // Orders this thread's earlier register accesses before later wgmma reads/writes of them.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
