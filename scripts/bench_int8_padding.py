@@ -29,7 +29,7 @@ would stream them. Times per call, us:
 
 "kernel": the kernel the unaligned shape runs on, "Sm<cc> align <elements of D per store>" (e.g. "Sm90
 align 8": N = 1000 is aligned already for f16 D; "Sm80 align 1": the any-N kernel), with ", K padded to
-<K16>" when A and B are padded along K, or "Sm75 padded to N_pad x K_pad" (padding.py). A markdown table
+<K_pad>" when A and B are padded along K, or "Sm75 padded to N_pad x K_pad" (padding.py). A markdown table
 on stdout and in scripts/results/<gpu>/bench_int8_padding.md (or --out).
 
     python scripts/bench_int8_padding.py [--m 1 64 1024] [--ops dequant_f16 none_s32 requant_s8] [--out PATH]
@@ -93,7 +93,7 @@ def copies_for(nbytes: int, l2_bytes: int, max_copies: int = MAX_COPIES) -> int:
 
 def kernel_ran(N: int, K: int, kernel_cc: int, element_D: str, tile: str = "") -> str:
     """Which kernel a plan of generation ``kernel_cc`` runs (N, K) on: 'Sm90 align 8', 'Sm80 align 1'
-    (the any-N kernel; ``tile`` appended when given), either with ', K padded to K16', or 'Sm75 padded to
+    (the any-N kernel; ``tile`` appended when given), either with ', K padded to K_pad', or 'Sm75 padded to
     N_pad x K_pad'. M = 1 outside capture pads N on Sm80+ too: :func:`plan_kernel` says which."""
     from cutlass_ops.cutlass.padding import padded_sizes
     from cutlass_ops.cutlass.tuning import ANY_N_ALIGNMENT_D, ANY_N_KERNEL_CC, alignment_D
@@ -342,7 +342,7 @@ def main(argv=None) -> int:
             "elements per store>",
             "(Sm80 align 1 <tile M x N>: the any-N kernel, nothing padded along N; the graph column of M = 1 runs it "
             "too), 'padded to N_pad x K_pad'",
-            "(M = 1 eagerly, and Sm75), ', K padded to K16' where A and B are padded along K only.",
+            "(M = 1 eagerly, and Sm75), ', K padded to K_pad' where A and B are padded along K only.",
             "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER), *lines, "",
             "Within the target:", "", *summary(rows)]
     write_report(text, args.out, "bench_int8_padding")
