@@ -12,7 +12,11 @@ side by side: the decode step (one token) at batch 1 and 16, eager and
 the weights' GPU memory; SQNR of the prefill output against the fp16 model. A second table: the
 host time of one QuantLinear call at M = 1 against nn.Linear fp16 (target <= 1.2x).
 
-    python scripts/bench_llama.py [--quick] [--out PATH]
+The MLP's gate and up projections are two linears (``--mlp separate``, the default: the layout of a Hugging
+Face Llama checkpoint) or one of twice the width whose output is split (``--mlp fused``: the layout vLLM and
+TensorRT-LLM load them into, one launch instead of two per layer); the QKV projection is one linear either way.
+
+    python scripts/bench_llama.py [--quick] [--mlp separate|fused] [--out PATH]
     python scripts/bench_llama.py --host-only      # the host-time table alone (under a minute)
 """
 from __future__ import annotations
@@ -96,26 +100,34 @@ def rope(t, cos, sin):
 
 
 class Layer(nn.Module):
-    def __init__(self, d, mlp, heads, kv_heads, batch, max_len, dtype):
+    def __init__(self, d, mlp, heads, kv_heads, batch, max_len, dtype, fused_mlp=False):
         super().__init__()
         self.n1, self.n2 = nn.RMSNorm(d, eps=1e-5), nn.RMSNorm(d, eps=1e-5)
         self.attn = Attention(d, heads, kv_heads, batch, max_len, dtype)
-        self.gate, self.up = nn.Linear(d, mlp, bias=False), nn.Linear(d, mlp, bias=False)
+        if fused_mlp:  # rows [0, mlp) gate, [mlp, 2 mlp) up
+            self.gate_up = nn.Linear(d, 2 * mlp, bias=False)
+        else:
+            self.gate, self.up = nn.Linear(d, mlp, bias=False), nn.Linear(d, mlp, bias=False)
         self.down = nn.Linear(mlp, d, bias=False)
 
     def forward(self, x, pos, cos, sin, mask):
         x = x + self.attn(self.n1(x), pos, cos, sin, mask)
         h = self.n2(x)
-        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+        if hasattr(self, "gate_up"):
+            gate, up = self.gate_up(h).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate(h), self.up(h)
+        return x + self.down(F.silu(gate) * up)
 
 
 class Decoder(nn.Module):
     """Hidden states in, hidden states out (no embedding / LM head: those are not quantized)."""
 
     def __init__(self, layers=8, d=4096, mlp=14336, heads=32, kv_heads=8, batch=16, max_len=2048 + 64,
-                 dtype=torch.float16):
+                 dtype=torch.float16, fused_mlp=False):
         super().__init__()
-        self.layers = nn.ModuleList(Layer(d, mlp, heads, kv_heads, batch, max_len, dtype) for _ in range(layers))
+        self.layers = nn.ModuleList(Layer(d, mlp, heads, kv_heads, batch, max_len, dtype, fused_mlp)
+                                    for _ in range(layers))
         self.norm = nn.RMSNorm(d, eps=1e-5)
         hd = d // heads
         inv = 1.0 / (10000 ** (torch.arange(0, hd // 2, dtype=torch.float32) / (hd // 2)))
@@ -135,7 +147,8 @@ class Decoder(nn.Module):
 def build(args, mode: str):
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = Decoder(layers=args.layers, max_len=args.prefill + 64).half().eval()
+        model = Decoder(layers=args.layers, max_len=args.prefill + 64,
+                        fused_mlp=getattr(args, "mlp", "separate") == "fused").half().eval()
         for p in model.parameters():
             if p.dim() == 2:
                 nn.init.normal_(p, std=1 / math.sqrt(p.shape[1]))
@@ -234,6 +247,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 layers, prefill 512, fewer iterations")
     parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--mlp", choices=("separate", "fused"), default="separate",
+                        help="gate and up as two linears (default) or one of twice the width")
     parser.add_argument("--out", type=Path, help="default: scripts/results/<gpu>/bench_llama.md")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ", ".join(MODES))
     parser.add_argument("--no-host", action="store_true", help="skip the host-time table")
@@ -262,7 +277,8 @@ def main():
         fp16 = next((r for r in rows if r[0] == "fp16"), None)
         fmt = [[r[0], *(f"{v:.3f}" if isinstance(v, float) else v for v in r[1:]),
                 " / ".join(f"{fp16[i] / r[i]:.2f}x" for i in (2, 4, 6)) if fp16 else "-"] for r in rows]
-        lines = [f"Llama-style decoder, {args.layers} layers, hidden 4096, MLP 14336, GQA 32/8 heads, fp16 "
+        mlp = "gate and up as one linear" if args.mlp == "fused" else "gate and up as two linears"
+        lines = [f"Llama-style decoder, {args.layers} layers, hidden 4096, MLP 14336 ({mlp}), GQA 32/8 heads, fp16 "
                  f"activations. Decode: one token after a {args.prefill}-token context; compiled = torch.compile("
                  f"mode=\"reduce-overhead\", fullgraph=True); prefill compiled = torch.compile(fullgraph=True). SQNR "
                  f"of the first {args.sqnr_tokens} prefill outputs against fp16. Targets (W4A16): decode b1 compiled "

@@ -243,3 +243,20 @@ def test_bench_commit_override(monkeypatch):
     assert timing.git_commit() == "abc1234"
     monkeypatch.delenv("CUTLASS_OPS_BENCH_COMMIT")
     assert timing.git_commit() != "abc1234"
+
+
+def test_llama_fused_mlp_is_the_separate_one_with_its_weights_stacked():
+    """bench_llama --mlp fused: one gate_up linear (gate rows, then up rows) computes what gate and up do."""
+    bench_llama = _load("bench_llama")
+    dims = dict(layers=1, d=64, mlp=128, heads=4, kv_heads=2, batch=1, max_len=32, dtype=torch.float32)
+    torch.manual_seed(0)
+    separate = bench_llama.Decoder(**dims).eval()
+    fused = bench_llama.Decoder(**dims, fused_mlp=True).eval()
+    one, two = fused.layers[0], separate.layers[0]
+    assert not hasattr(one, "gate") and one.gate_up.weight.shape == (256, 64)
+    with torch.no_grad():
+        one.gate_up.weight.copy_(torch.cat([two.gate.weight, two.up.weight]))
+        for name in ("n1", "n2", "attn", "down"):
+            getattr(one, name).load_state_dict(getattr(two, name).state_dict())
+        x = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(1))
+        torch.testing.assert_close(fused(x, torch.arange(4)), separate(x, torch.arange(4)), rtol=1e-5, atol=1e-6)
