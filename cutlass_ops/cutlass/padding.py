@@ -92,13 +92,16 @@ _pad_launches: dict[tuple[int, int], Launch] = {}  # (device, blocks) -> the pad
 
 
 def pad_rows(A: torch.Tensor, K_pad: int) -> torch.Tensor:
-    """int8 ``A`` [M, K] (contiguous) with zero columns up to K_pad (a multiple of 16), a fresh contiguous
+    """int8 ``A`` [M, K] with zero columns up to K_pad (a multiple of 16), a fresh contiguous
     tensor (``A`` itself when K == K_pad): one ``pad_rows_i8`` launch on the current stream for a CUDA tensor."""
     M, K = A.shape
     if K == K_pad:
         return A
     if not A.is_cuda or not M:
         return F.pad(A, (0, K_pad - K))
+    if A.dtype != torch.int8:
+        raise TypeError(f"pad_rows takes int8 rows, got {A.dtype}")
+    A = A.contiguous()  # the kernel reads rows of K bytes back to back
     device = A.get_device()
     blocks = min(-(-M * K_pad // 16 // 256), 4 * sm_count(device))  # one 16-byte vector per thread and trip
     launch = _pad_launches.get((device, blocks))
