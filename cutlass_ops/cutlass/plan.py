@@ -61,7 +61,7 @@ class Int8Gemm:
     torch's current stream and returns D. ``any_n``: the plan that takes the N this kernel cannot store
     (N % spec.alignment_D != 0), or None (pad N); ``any_n_narrow``: the any-N plan of a narrower tile, taken
     where ``any_n``'s grid would leave SMs idle; ``any_n_wide``: the large bucket's any-N plan of a wider
-    tile, taken where its tiles alone fill the GPU (:meth:`any_n_for`); either may be None."""
+    tile, taken where its tiles alone fill the GPU (:meth:`any_n_for`); any of them may be None."""
 
     def __init__(self, spec: GemmKernelSpec, any_n: "Int8Gemm | None" = None, any_n_wide: "Int8Gemm | None" = None,
                  any_n_narrow: "Int8Gemm | None" = None):
@@ -166,7 +166,7 @@ class Int8Gemm:
         padded call would copy B in every replay). The wide-tile plan where its tiles fill the SMs (H200,
         M = 1024: N = 4097 1.70x the aligned time per element against the small tile's 2.48x, but N = 257
         1.96x against 1.03x: 24 CTAs); the narrow-tile plan where the any-N tile's would not (H200, M = 64:
-        N = 257 1.41-1.55x -> 1.27-1.30x, N = 1000 1.57-1.64x -> 1.47-1.49x; tuning.ANY_N_NARROW_TILE)."""
+        N = 257 1.41-1.55x -> 1.26-1.33x, N = 1000 1.57-1.64x -> 1.45-1.49x; tuning.ANY_N_NARROW_TILE)."""
         if self.any_n is None or not N % self.spec.alignment_D:
             return None
         if M == 1 and not torch.cuda.is_current_stream_capturing():
