@@ -30,7 +30,8 @@ from .fast import FastPath
 from .kernel import GemmKernel
 from .padding import pad_operands, padded_sizes
 from .spec import GemmKernelSpec
-from .tuning import ALIGNMENT_K, ANY_N_TILES, BUCKETS, any_n_spec, bucket_limits, kernel_spec, resolve_arch, target_arch_for
+from .tuning import (ALIGNMENT_K, ANY_N_LARGE_TILE, ANY_N_NARROW_TILE, ANY_N_TILE, BUCKETS, any_n_spec, bucket_limits,
+                     kernel_spec, resolve_arch, target_arch_for)
 
 log = logging.getLogger(__name__)
 
@@ -355,10 +356,12 @@ def get_plan(device: int, arch: int | None, epilogue: str, element_D: str | None
         if element not in epi.output_dtypes:
             raise ValueError(f"epilogue {epilogue!r} writes {list(epi.output_dtypes)}, not {element!r}")
         spec = kernel_spec(kernel_cc, target_arch_for(kernel_cc, device_cc), epilogue, element, bucket, gpu_name)
-        any_n, narrow, wide = (_any_n_plan(device, any_n_spec(kernel_cc, device_cc, epilogue, element, gpu_name, tile))
-                               for tile in ANY_N_TILES)
-        if bucket != BUCKETS[-1]:
-            wide = None
+
+        def tile_plan(tile: str) -> Int8Gemm | None:
+            return _any_n_plan(device, any_n_spec(kernel_cc, device_cc, epilogue, element, gpu_name, tile))
+
+        any_n, narrow = tile_plan(ANY_N_TILE), tile_plan(ANY_N_NARROW_TILE)
+        wide = tile_plan(ANY_N_LARGE_TILE) if bucket == BUCKETS[-1] else None  # the wide tile: large M only
         plan = _plans[key] = Int8Gemm(spec, any_n, wide if wide is not any_n else None,
                                       narrow if narrow is not any_n else None)
     return plan
