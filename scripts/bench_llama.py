@@ -148,7 +148,7 @@ def build(args, mode: str):
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = Decoder(layers=args.layers, max_len=args.prefill + 64,
-                        fused_mlp=getattr(args, "mlp", "separate") == "fused").half().eval()
+                        fused_mlp=args.mlp == "fused").half().eval()
         for p in model.parameters():
             if p.dim() == 2:
                 nn.init.normal_(p, std=1 / math.sqrt(p.shape[1]))

@@ -261,6 +261,7 @@ def main() -> int:
         log.error("needs a CUDA GPU")
         return 1
     args.prefill = args.context  # bench_llama.build sizes the KV cache from it
+    args.mlp = "separate"  # gate and up as two linears: LINEARS' order
     results, args.standalone = {}, {}
     for mode in modes:
         log.info("profiling %s", mode)
