@@ -169,7 +169,7 @@ __device__ __forceinline__ void uint8s_to_half2x2(uint32_t w, uint32_t (&out)[2]
 // int8 -> bf16
 // ---------------------------------------------------------------------------------------------
 
-// bf16 has only 7 mantissa bits, too few for a byte, so go through fp32: 0x4B000000 = 2^23 has a
+// Unsigned: bf16 has only 7 mantissa bits, too few for a byte, so go through fp32: 0x4B000000 = 2^23 has a
 // mantissa unit of 1, and prmt writes a data byte into its lowest byte -> the float 2^23 + n.
 constexpr uint32_t kF32Magic2p23 = 0x4B000000;
 // Selector {byte i, 0x00, 0x00, 0x4B} = 0x7650 + i: bytes 5, 6, 7 of the pair are the magic's 0x00, 0x00, 0x4B.
@@ -178,26 +178,29 @@ constexpr uint32_t kSelectToF32 = 0x7650;
 // exact here because the values are integers of at most 8 significant bits.
 constexpr uint32_t kSelectHighHalves = 0x7632;
 
-template <bool kSigned>
-__device__ __forceinline__ void int8_to_bf162x2_impl(uint32_t w, uint32_t (&out)[2]) {
-  const uint32_t u = kSigned ? (w ^ kFlipSignBits) : w;
-  // 2^23 + 128 (signed bias) or 2^23: the float subtraction below is exact.
-  const float bias = kSigned ? 8388736.0f : 8388608.0f;
-  float f[4];
+// Four uint8 -> bf16 pairs.
+__device__ __forceinline__ void uint8s_to_bf162x2(uint32_t w, uint32_t (&out)[2]) {
+  float f[4];  // 2^23 + u - 2^23: exact
 #pragma unroll
-  for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(prmt(u, kF32Magic2p23, kSelectToF32 + i)) - bias;
+  for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(prmt(w, kF32Magic2p23, kSelectToF32 + i)) - 8388608.0f;
   out[0] = prmt(__float_as_uint(f[0]), __float_as_uint(f[1]), kSelectHighHalves);
   out[1] = prmt(__float_as_uint(f[2]), __float_as_uint(f[3]), kSelectHighHalves);
 }
 
+// Signed int8 without fp32 (8 instructions per word against 11): the low 7 bits m of a byte under a 0x43 high byte are
+// the bf16 128 + m; its sign bit s under the same high byte is 0x4300 = 128 or 0x4380 = 256, i.e. 128 + 128 s; the
+// difference m - 128 s is q (two's complement). Exact: every value is a small integer.
+constexpr uint32_t kBf16HighBytes = 0x43434343;
+constexpr uint32_t kBf16MinusOne = 0xbf80bf80;  // bf16 {-1.0, -1.0}: fma(b, -1, a) = a - b
+
 // Four int8 -> bf16 pairs (e0,e1), (e2,e3).
 __device__ __forceinline__ void int8s_to_bf162x2(uint32_t w, uint32_t (&out)[2]) {
-  int8_to_bf162x2_impl<true>(w, out);
-}
-
-// Four uint8 -> bf16 pairs.
-__device__ __forceinline__ void uint8s_to_bf162x2(uint32_t w, uint32_t (&out)[2]) {
-  int8_to_bf162x2_impl<false>(w, out);
+  const uint32_t low7 = w & 0x7f7f7f7fu, sign = w & 0x80808080u;
+  // prmt selectors {byte i, 0x43, byte i + 1, 0x43} as for fp16 (bytes 4..7 are the 0x43 word).
+  const uint32_t value01 = prmt(low7, kBf16HighBytes, kSelectElt01), bias01 = prmt(sign, kBf16HighBytes, kSelectElt01);
+  const uint32_t value23 = prmt(low7, kBf16HighBytes, kSelectElt23), bias23 = prmt(sign, kBf16HighBytes, kSelectElt23);
+  out[0] = fma_bf16x2(bias01, kBf16MinusOne, value01);
+  out[1] = fma_bf16x2(bias23, kBf16MinusOne, value23);
 }
 
 // ---------------------------------------------------------------------------------------------
