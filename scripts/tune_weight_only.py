@@ -71,19 +71,19 @@ _GEMV_MMA_SHAPES = (GemvMmaConfig(), GemvMmaConfig(row_tiles=1, unroll=8, min_bl
                     GemvMmaConfig(row_tiles=2, unroll=4, min_blocks=2, warps=8, splits=1))
 # Each of them with and without the unmasked full-batch loop, and two accumulator sets on the four that won
 # somewhere on the Llama-3-8B weights (H200, M = 1 and 16, all 24 combinations of these loop options timed).
-# Three shapes for M = 9..64 (candidates from WIDE_M_FROM), whose mt2 / mt4 entries spill at r2u4 with two blocks
-# per SM (100-500 bytes): two trips in flight (r2u2, no spill at 128 registers), or one block per SM (r2u4, r4u2;
-# 150-200 registers). On the H200 they took 5-12% off the best of the others at M = 16 on several 8B weights (8B/o
-# W4 7.7 -> 6.8 us, gate W8 23.6 -> 21.4) and up to 21% at M = 32 for int8. Not below: tuned in fp16 at M <= 8, r2u4
-# with one block won on some weights where the bf16 build (more registers) then ran 1.3-1.6x slower.
-WIDE_M_FROM = 9
-_GEMV_MMA_WIDE_M = (GemvMmaConfig(row_tiles=2, unroll=2, min_blocks=2, warps=8, splits=1, full_batches=1),
-                    GemvMmaConfig(row_tiles=2, unroll=4, min_blocks=1, warps=8, splits=1, full_batches=1),
-                    GemvMmaConfig(row_tiles=4, unroll=2, min_blocks=1, warps=8, splits=1, full_batches=1))
 GEMV_MMA_CONFIGS = (*_GEMV_MMA_SHAPES, *(dataclasses.replace(c, full_batches=1) for c in _GEMV_MMA_SHAPES),
                     *(dataclasses.replace(c, chains=2, full_batches=f) for c, f in (
                         (_GEMV_MMA_SHAPES[1], 0), (_GEMV_MMA_SHAPES[1], 1), (_GEMV_MMA_SHAPES[4], 1),
                         (_GEMV_MMA_SHAPES[3], 1))))
+# Three shapes for M = 9..64 (candidates from GEMV_MMA_WIDE_FROM_M), whose mt2 / mt4 entries spill at r2u4 with
+# two blocks per SM (100-500 bytes): two trips in flight (r2u2, no spill at 128 registers), or one block per SM
+# (r2u4, r4u2; 150-200 registers). On the H200 they took 5-12% off the best of the others at M = 16 on several 8B
+# weights (8B/o W4 7.7 -> 6.8 us, gate W8 23.6 -> 21.4) and up to 21% at M = 32 for int8. Not below: tuned in fp16
+# at M <= 8, r2u4 with one block won on some weights where the bf16 build (more registers) ran 1.3-1.6x slower.
+GEMV_MMA_WIDE_FROM_M = 9
+_GEMV_MMA_WIDE_M = (GemvMmaConfig(row_tiles=2, unroll=2, min_blocks=2, warps=8, splits=1, full_batches=1),
+                    GemvMmaConfig(row_tiles=2, unroll=4, min_blocks=1, warps=8, splits=1, full_batches=1),
+                    GemvMmaConfig(row_tiles=4, unroll=2, min_blocks=1, warps=8, splits=1, full_batches=1))
 # gemm_small_m variants (of sweep_gemv.small_m_configs, the ones fastest somewhere in
 # scripts/results/nvidia-h100/sweep_small_m.md): the default, the rule's 2 stages (r2w8s2), 4 row tiles x 4
 # warps (wide N at M <= 32), 4 warps (long K at small M).
@@ -121,7 +121,8 @@ class Candidate(NamedTuple):
 
 def candidates(M: int, cc: int = 80) -> list[Candidate]:
     """The candidates timed at M rows on sm_``cc``, the reference (gemv_mma's default variant) first."""
-    found = [Candidate("gemv_mma", c) for c in (*GEMV_MMA_CONFIGS, *(_GEMV_MMA_WIDE_M if M >= WIDE_M_FROM else ()))]
+    gemv = (*GEMV_MMA_CONFIGS, *(_GEMV_MMA_WIDE_M if M >= GEMV_MMA_WIDE_FROM_M else ()))
+    found = [Candidate("gemv_mma", c) for c in gemv]
     if M >= GEMM_SMALL_M_FROM_M:
         found += [Candidate("gemm_small_m", c) for c in GEMM_SMALL_M_CONFIGS if M <= c.max_m]
     if cc == 90 and M >= GEMM_WGMMA_FROM_M:

@@ -237,12 +237,12 @@ def test_candidates(tuner):
     gemv = len(tuner.GEMV_MMA_CONFIGS)
     assert {c.strategy for c in small} == {"gemv_mma"} and len(small) == len(set(small)) == gemv
     wide = len(tuner._GEMV_MMA_WIDE_M)  # from M = 9 only
-    assert len(tuner.candidates(tuner.WIDE_M_FROM - 1)) == gemv + 4  # gemm_small_m from M = 8
+    assert len(tuner.candidates(tuner.GEMV_MMA_WIDE_FROM_M - 1)) == gemv + 4  # gemm_small_m from M = 8
     at64 = tuner.candidates(64)
     assert len(at64) == gemv + wide + 3  # the row_tiles=4 gemm_small_m takes M <= 32
     assert len(tuner.candidates(32)) == gemv + wide + 4
-    assert "gemv_mma r4u2b1w8k1f" in [c.label for c in at64]
     labels = [c.label for c in at64]
+    assert "gemv_mma r4u2b1w8k1f" in labels
     assert "gemv_mma r1u8b1w4" in labels and "gemv_mma r2u4b2w8k1" in labels and "gemm_small_m r2w8s2" in labels
     for M in (1, 4, 8, 33, 64):  # the rule's variants are among the candidates (no untimed compile)
         for strategy in ("gemv_mma", "gemm_small_m"):
