@@ -16,7 +16,12 @@ The MLP's gate and up projections are two linears (``--mlp separate``, the defau
 Face Llama checkpoint) or one of twice the width whose output is split (``--mlp fused``: the layout vLLM and
 TensorRT-LLM load them into, one launch instead of two per layer); the QKV projection is one linear either way.
 
-    python scripts/bench_llama.py [--quick] [--mlp separate|fused] [--out PATH]
+``--inductor-pdl`` sets ``torch._inductor.config.triton.enable_pdl`` for every mode (inductor's Triton kernels
+launched as programmatic dependents that trigger theirs early; what vLLM turns on for decode under full CUDA graphs):
+the GEMVs of the weight-only modes, themselves programmatic dependents on Hopper, then start their weight loads while
+inductor's norms and activations run.
+
+    python scripts/bench_llama.py [--quick] [--mlp separate|fused] [--inductor-pdl] [--out PATH]
     python scripts/bench_llama.py --host-only      # the host-time table alone (under a minute)
 """
 from __future__ import annotations
@@ -251,6 +256,8 @@ def main():
                         help="gate and up as two linears (default) or one of twice the width")
     parser.add_argument("--out", type=Path, help="default: scripts/results/<gpu>/bench_llama.md")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ", ".join(MODES))
+    parser.add_argument("--inductor-pdl", action="store_true",
+                        help="torch._inductor.config.triton.enable_pdl = True for every mode (Hopper+)")
     parser.add_argument("--no-host", action="store_true", help="skip the host-time table")
     parser.add_argument("--host-only", action="store_true",
                         help="only the host-time table (under a minute; default --out: results/<gpu>/bench_llama_host.md)")
@@ -261,6 +268,10 @@ def main():
     if unknown:
         parser.error(f"--modes: unknown {unknown}; choose from {list(MODES)}")
     logging.basicConfig(level=logging.INFO if args.v else logging.WARNING)
+    if args.inductor_pdl:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.triton.enable_pdl = True
     args.prefill, args.iters, args.iters_prefill, args.sqnr_tokens = 2048, 50, 5, 128
     if args.quick:
         args.layers, args.prefill, args.iters, args.iters_prefill = 2, 512, 10, 2
@@ -281,7 +292,9 @@ def main():
         lines = [f"Llama-style decoder, {args.layers} layers, hidden 4096, MLP 14336 ({mlp}), GQA 32/8 heads, fp16 "
                  f"activations. Decode: one token after a {args.prefill}-token context; compiled = torch.compile("
                  f"mode=\"reduce-overhead\", fullgraph=True); prefill compiled = torch.compile(fullgraph=True). SQNR "
-                 f"of the first {args.sqnr_tokens} prefill outputs against fp16. Targets (W4A16): decode b1 compiled "
+                 f"of the first {args.sqnr_tokens} prefill outputs against fp16."
+                 + (" Inductor's Triton kernels launched with PDL (--inductor-pdl)." if args.inductor_pdl else "")
+                 + " Targets (W4A16): decode b1 compiled "
                  f">= 2.5x fp16, prefill <= 1.1x fp16 (fp16 / mode >= 0.91x).", "", table(header, fmt), ""]
         rest = next((r for r in rows if MODES[r[0]] == "skip"), None)
         if rest and fp16:

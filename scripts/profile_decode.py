@@ -18,7 +18,9 @@ this run back to back (CUDA graph, weight copies rotated past L2), behind an idl
 ``--idle-us`` (as in the model, where it follows inductor's kernels), and the bare read kernel of its bytes
 (``_read_floor``); then what the GEMVs may take for the step to be 2.5x faster than the fp16 step.
 
-    python scripts/profile_decode.py [--modes fp16,W4A16] [--batch 1] [--layers 8] [--out PATH]
+``--inductor-pdl``: inductor's Triton kernels launched with PDL (``bench_llama.py --inductor-pdl``).
+
+    python scripts/profile_decode.py [--modes fp16,W4A16] [--batch 1] [--layers 8] [--inductor-pdl] [--out PATH]
         # -> scripts/results/<gpu>/profile_decode.md
 
 A benchmark, not a test (it needs a GPU).
@@ -180,7 +182,8 @@ def report(args, results: dict) -> list[str]:
     lines = [f"Decode step of the Llama-style decoder ({args.layers} layers, batch {args.batch}, one token after "
              f"{args.context}), compiled with mode=\"reduce-overhead\"; torch.profiler over {args.steps} replays "
              "of the step's CUDA graph, medians per step. wall: first kernel start to last kernel end; busy: sum of "
-             "kernel times; gaps: idle time between consecutive kernels.", ""]
+             "kernel times; gaps: idle time between consecutive kernels."
+             + (" Inductor's Triton kernels launched with PDL (--inductor-pdl)." if args.inductor_pdl else ""), ""]
     for mode, (stats, rows, _) in results.items():
         if stats is None:
             lines += [f"## {mode}", "", "no kernels recorded", ""]
@@ -246,6 +249,8 @@ def main() -> int:
     parser.add_argument("--idle-us", type=float, default=5.0,
                         help="idle kernel before each standalone GEMV of the linear table (default 5)")
     parser.add_argument("--no-standalone", action="store_true", help="skip the linear-by-linear table")
+    parser.add_argument("--inductor-pdl", action="store_true",
+                        help="torch._inductor.config.triton.enable_pdl = True (Hopper+)")
     parser.add_argument("--out", type=Path, help="default: scripts/results/<gpu>/profile_decode.md")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(relativeCreated)8.0f ms %(message)s")
@@ -253,6 +258,10 @@ def main() -> int:
 
     import bench_llama
 
+    if args.inductor_pdl:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.triton.enable_pdl = True
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in bench_llama.MODES]
     if unknown:
