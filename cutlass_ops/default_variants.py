@@ -102,8 +102,11 @@ def _shipped_choices(M: int, dtype: torch.dtype, qw, cc: int) -> list:
 
     if dtype not in (torch.float16, torch.bfloat16):
         return []
+    from cutlass_ops.weight_only.tuned import DTYPE_NAMES
+
     return [entry for entry_cc, entry in shipped_entries()
-            if entry_cc == cc and entry.shape == (qw.N, qw.K, qw.bits, qw.block_size) and entry.M_lo <= M <= entry.M_hi]
+            if entry_cc == cc and entry.shape == (qw.N, qw.K, qw.bits, qw.block_size) and entry.M_lo <= M <= entry.M_hi
+            and (entry.dtype is None or DTYPE_NAMES[entry.dtype] == dtype)]
 
 
 def dequantize_kernels(dtype: torch.dtype, bits: int) -> set[KernelUse]:

@@ -24,7 +24,11 @@ M with the same choice merge into one ``"M": [lo, hi]`` range, and the entries o
 those of the same shapes in the file; other shapes' entries and the file's other sections (int8 GEMM tiles)
 are kept. ``cutlass_ops.weight_only.tuned`` documents and checks the format (checked before writing).
 
-    python3 scripts/tune_weight_only.py [--quick] [--shapes 8B 70B/down 4096x14336] [--M 1 16] [--bits 4]
+``--dtype bf16`` times bf16 activations instead, each against what the file gives bf16 now (its entry for both types,
+else the rules), and writes ``"dtype": "bf16"`` entries only where another variant wins (report
+``tune_weight_only_bf16.md``); the dispatch takes them for bf16 before the type-less ones.
+
+    python3 scripts/tune_weight_only.py [--quick] [--shapes 8B 70B/down 4096x14336] [--M 1 16] [--bits 4] [--dtype bf16]
         [--min-gain 0.02] [--jobs 16] [--write-json [PATH]] [--out PATH]
         # report: scripts/results/<gpu>/tune_weight_only.md (rewritten after each shape)
 """
@@ -59,7 +63,10 @@ from cutlass_ops.weight_only.variants import (
 log = logging.getLogger("tune_weight_only")
 
 BENCH = "tune_weight_only"
-DTYPE = torch.float16  # tuned entries apply to bf16 too (the same kernels)
+# --dtype: fp16 (default) writes entries without a "dtype" (they apply to bf16 too: the same kernels); bf16 times bf16
+# activations against what the file gives bf16 now (its type-less entry, else the rules) and writes "dtype": "bf16"
+# entries only where another variant wins by MIN_GAIN.
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # gemv_mma variants (scripts/sweep_gemv.py found these the fastest at small M): the class default; the M <= 4
 # rule's (variants.default_gemv_mma_config); it with 8 warps splitting K; one 16-row tile with 4 trips and 2
 # blocks per SM, with 4 or 8 warps (8: the fastest at M = 1 on 4096 x 4096 and 3072 x 3072 W4, H100); the
@@ -170,21 +177,27 @@ def merge_ranges(choices: list[tuple[int, int, Candidate]]) -> list[tuple[int, i
     return merged
 
 
-def shape_entries(N: int, K: int, bits: int, block_size: int, picks: dict[int, Candidate]) -> list[dict]:
-    """The JSON entries of one weight from its choice per measured M."""
+def shape_entries(N: int, K: int, bits: int, block_size: int, picks: dict[int, Candidate], dtype: str | None = None,
+                  baselines: dict[int, Candidate] | None = None) -> list[dict]:
+    """The JSON entries of one weight from its choice per measured M; ``dtype`` ("bf16") marks them as that type's, and
+    the ranges whose choice is the baseline's (what the file already gives that type) are left out."""
     ranges = covered_ranges(picks)
-    chosen = [(lo, hi, picks[hi]) for lo, hi in ranges]
+    chosen = [(lo, hi, picks[hi]) for lo, hi in ranges if not baselines or baselines.get(hi) != picks[hi]]
     return [{"N": N, "K": K, "bits": bits, "block_size": block_size, "M": [lo, hi], "strategy": c.strategy,
-             "config": tuned.config_json(c.config)} for lo, hi, c in merge_ranges(chosen)]
+             "config": tuned.config_json(c.config), **({"dtype": dtype} if dtype else {})}
+            for lo, hi, c in merge_ranges(chosen)]
 
 
-def merged_section(old: dict | None, entries: list[dict], source: str, cc: int) -> tuple[dict, int]:
+def merged_section(old: dict | None, entries: list[dict], source: str, cc: int,
+                   tuned_shapes: set | None = None) -> tuple[dict, int]:
     """(the new "weight_only" section, entries kept from ``old``): ``entries`` replace those of the same weight
-    shapes in ``old``; the others are kept."""
-    key = lambda e: (e["N"], e["K"], e["bits"], e["block_size"])  # noqa: E731
-    tuned_shapes = {key(e) for e in entries}
+    shapes in ``old`` for the same activation type ("dtype", absent: both); the others are kept. ``tuned``: the
+    weight shapes (and type) that were tuned, with or without entries (a bf16 run that found nothing better than
+    the type-less entries still removes the shape's old bf16 entries)."""
+    key = lambda e: (e["N"], e["K"], e["bits"], e["block_size"], e.get("dtype"))  # noqa: E731
+    tuned_shapes = {key(e) for e in entries} | set(tuned_shapes or ())
     kept = [e for e in (old or {}).get("entries", []) if isinstance(e, dict) and key(e) not in tuned_shapes]
-    every = sorted(kept + entries, key=lambda e: (*key(e), e["M"][0]))
+    every = sorted(kept + entries, key=lambda e: (*key(e)[:4], e.get("dtype") or "", e["M"][0]))
     return {"_source": source, "compute_capability": cc, "entries": every}, len(kept)
 
 
@@ -200,12 +213,12 @@ def json_text(data: dict) -> str:
     return text + "\n"
 
 
-def write_json(path: Path, entries: list[dict], source: str, cc: int) -> None:
+def write_json(path: Path, entries: list[dict], source: str, cc: int, tuned_shapes: set | None = None) -> None:
     """Merge ``entries`` into the file's section (other sections kept), check it as the dispatch will, write."""
     data = json.loads(path.read_text()) if path.is_file() else {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: must hold a JSON object, got {type(data).__name__}")
-    section, kept = merged_section(data.get(tuned.SECTION), entries, source, cc)
+    section, kept = merged_section(data.get(tuned.SECTION), entries, source, cc, tuned_shapes)
     if kept:
         section["_source"] += f"; {kept} entries of shapes not tuned in this run kept from earlier runs"
     tuned.parse_section(section, str(path))  # raises before anything is written
@@ -226,7 +239,7 @@ def _compile(job) -> str:
     return f"{filename} {dict(defines)}"
 
 
-def precompile(bits_list, m_values, cc: int, arch: str, jobs: int) -> None:
+def precompile(bits_list, m_values, cc: int, arch: str, jobs: int, dtype: torch.dtype = torch.float16) -> None:
     """Every module the candidates (and the rule's variants) load, compiled in ``jobs`` processes."""
     from cutlass_ops.weight_only import plan_class
 
@@ -235,7 +248,7 @@ def precompile(bits_list, m_values, cc: int, arch: str, jobs: int) -> None:
         for M in m_values:
             rules = [rule_candidate(s, M, bits) for s in ("gemv_mma", "gemm_small_m")]
             for cand in {*candidates(M, cc), *filter(None, rules)}:
-                for source, _kernel, defines in plan_class(cand.strategy, cc).kernels(M, DTYPE, bits, cand.config):
+                for source, _kernel, defines in plan_class(cand.strategy, cc).kernels(M, dtype, bits, cand.config):
                     modules.add((source, tuple(sorted(defines.items()))))
     t0 = time.perf_counter()
     with ProcessPoolExecutor(jobs) as pool:
@@ -263,6 +276,9 @@ def tune_weight(shape, bits: int, args, l2: int, cc: int, device: int) -> list[R
 
     _, _, N, K = shape
     sms = sm_count(device)
+    dtype = DTYPES[args.dtype]
+    # bf16: the baseline is what the file gives bf16 now (its type-less entry for the shape and M), else the rules
+    current = tuned.table(torch.cuda.get_device_name(device)) if args.dtype != "fp16" else None
     t0 = time.perf_counter()
     master = torch.randn(N, K, device="cuda", dtype=torch.float16).mul_(0.02)
     qws = weight_copies(master, bits, l2)
@@ -270,14 +286,17 @@ def tune_weight(shape, bits: int, args, l2: int, cc: int, device: int) -> list[R
     rows = []
     for M in args.M:
         t1 = time.perf_counter()
-        xs = [torch.randn(M, K, device="cuda", dtype=DTYPE) for _ in qws]
-        outs = [torch.empty(M, N, device="cuda", dtype=DTYPE) for _ in qws]
-        rule = rule_candidate(choose_strategy(M, DTYPE, qws[0], cc), M, bits, N, K, sms)
+        xs = [torch.randn(M, K, device="cuda", dtype=dtype) for _ in qws]
+        outs = [torch.empty(M, N, device="cuda", dtype=dtype) for _ in qws]
+        rule = rule_candidate(choose_strategy(M, dtype, qws[0], cc), M, bits, N, K, sms)
+        entry = current.lookup(M, N, K, bits, GROUP) if current is not None else None
+        if entry is not None:
+            rule = Candidate(entry.strategy, entry.config)
         todo = candidates(M, cc) + ([rule] if rule is not None and rule not in candidates(M, cc) else [])
         ref, tol, times, notes = None, None, {}, []
         for cand in todo:
             try:
-                plans = [get_plan(q, M, DTYPE, device, strategy=cand.strategy, config=cand.config) for q in qws]
+                plans = [get_plan(q, M, dtype, device, strategy=cand.strategy, config=cand.config) for q in qws]
                 call = lambda i, plans=plans: plans[i](xs[i], 0, 0, outs[i])  # noqa: E731
                 call(0)
                 torch.cuda.synchronize()
@@ -323,13 +342,15 @@ def report(rows: list[Row], args, gpu: str, json_path: Path | None, failed: list
     changed = sum(1 for r in rows if r.chosen is not None and r.chosen != r.rule)
     geo = math.exp(sum(map(math.log, gains)) / len(gains)) if gains else math.nan
     lines = [f"# Weight-only dispatch tuning, {gpu}", "",
-             f"fp16 activations, asymmetric minmax, block {GROUP}. Device us per call: CUDA graphs of >= 60 calls "
+             f"{args.dtype} activations, asymmetric minmax, block {GROUP}. Device us per call: CUDA graphs of >= 60 calls "
              "rotating over >= 3x L2 of weight and x copies (median of 10 replays). Candidates: gemv_mma "
              "r<row tiles>u<unroll>b<min blocks>w<warps>[k<K splits>], and from M = "
              f"{GEMM_SMALL_M_FROM_M} gemm_small_m r<row tiles>w<warps>s<stages>, and on sm_90 from M = "
              f"{GEMM_WGMMA_FROM_M} gemm_wgmma g<warpgroups>s<stages>p<prefetch>b<min blocks>; each checked against gemv_mma's "
              "default variant (max |diff| <= 1% of max |y|) before it is timed. rule-based: what dispatch.py and "
-             "variants.default_*_config pick (`CUTLASS_OPS_TUNED=0`). chosen: the fastest, unless it beats the rule "
+             "variants.default_*_config pick (`CUTLASS_OPS_TUNED=0`)" + (
+                 "; with --dtype bf16 the file's entry for both types where it has one (what bf16 ran before)"
+                 if args.dtype != "fp16" else "") + ". chosen: the fastest, unless it beats the rule "
              f"by less than {args.min_gain:.0%} (then the rule's). rule / chosen: the speed-up the tuned entry gives.",
              "", table(header, body), "",
              f"- {len(rows)} (shape, bits, M) timed; the tuned choice differs from the rule-based one in {changed}; "
@@ -347,6 +368,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="names (8B/qkv), models (70B), layers (down) or NxK (4096x14336); default all")
     p.add_argument("--M", type=int, nargs="+", help=f"default {' '.join(map(str, M_VALUES))}")
     p.add_argument("--bits", type=int, nargs="+", choices=(4, 8), default=[4, 8], help="default 4 8")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16",
+                   help="activations timed (default fp16: entries for both types; bf16: bf16 entries where bf16 "
+                        "prefers another variant than the file's; report tune_weight_only_bf16.md)")
     p.add_argument("--min-gain", type=float, default=MIN_GAIN,
                    help=f"keep the rule-based choice unless the fastest beats it by this fraction (default {MIN_GAIN})")
     p.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="compile processes")
@@ -391,7 +415,8 @@ def main(argv=None) -> int:
         log.error("gemv_mma and gemm_small_m need sm_80+, this GPU is sm_%d", cc)
         return 1
     json_path = None if args.write_json is None else Path(args.write_json or tuned.tuning_file(gpu))
-    precompile(args.bits, args.M, cc, target_arch(device), args.jobs)
+    precompile(args.bits, args.M, cc, target_arch(device), args.jobs, DTYPES[args.dtype])
+    bench = BENCH if args.dtype == "fp16" else f"{BENCH}_{args.dtype}"
     torch.manual_seed(0)
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2**20)
     log.info("%s (sm_%d), L2 %.0f MiB: %d shapes x W%s x M %s", gpu, cc, l2 / 2**20, len(shapes), args.bits, args.M)
@@ -408,20 +433,25 @@ def main(argv=None) -> int:
                 gc.collect()
                 torch.cuda.empty_cache()
             # a run cut short keeps its table and the JSON of the shapes it finished
+            typed = args.dtype if args.dtype != "fp16" else None
+            baselines = {(r.N, r.K, r.bits, r.M): r.rule for r in rows} if typed else {}
             entries = [e for (N, K, bits), picks in _picks(rows).items()
-                       for e in shape_entries(N, K, bits, GROUP, picks)]
-            if json_path is not None and entries:
+                       for e in shape_entries(N, K, bits, GROUP, picks, typed,
+                                              {M: baselines.get((N, K, bits, M)) for M in picks} if typed else None)]
+            shapes_done = {(N, K, bits, GROUP, typed) for (N, K, bits) in _picks(rows)}
+            if json_path is not None and (entries or typed):
                 source = (f"scripts/tune_weight_only.py {' '.join(sys.argv[1:])} on {gpu} (sm_{cc}), "
                           f"{dt.date.today().isoformat()}, commit {git_commit()}; table in "
                           f"scripts/results/{gpu_slug(gpu)}/{BENCH}.md")
-                write_json(json_path, entries, source, cc)
+                write_json(json_path, entries, source, cc, shapes_done)
             if k < len(shapes) - 1:  # only the last write of the report says where
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                    write_report(report(rows, args, gpu, None, failed), args.out, BENCH)
-    if json_path is not None and not entries:
+                    write_report(report(rows, args, gpu, None, failed), args.out, bench)
+    if json_path is not None and not entries and args.dtype == "fp16":
         log.error("nothing measured: %s not written", json_path)
     with contextlib.redirect_stdout(io.StringIO()):  # write_report names the file on stderr
-        write_report(report(rows, args, gpu, json_path if entries else None, failed), args.out, BENCH)
+        write_report(report(rows, args, gpu, json_path if entries or args.dtype != "fp16" else None, failed), args.out,
+                     bench)
     log.info("done: %d shapes in %.0f s%s", len(shapes), time.perf_counter() - start,
              f", {len(failed)} failed" if failed else "")
     return 1 if failed else 0

@@ -69,6 +69,36 @@ def test_lookup_by_shape_and_inclusive_M_range(tuning_dir):
     assert tuned.tuned_choice("Another GPU", 1, 4096, 14336, 4, 128) is None  # no file
 
 
+def test_an_entry_for_one_activation_type_wins_for_that_type_only(tuning_dir):
+    """"dtype": "bf16" entries apply to bf16 alone and win over type-less ones covering the same M; fp16 (and a
+    lookup naming no type) keeps the type-less entries; ranges overlap freely across types, not within one."""
+    bf16 = {**GEMV, "M": [1, 16], "dtype": "bf16", "config": {"row_tiles": 2, "unroll": 4}}
+    _write(tuning_dir, {"entries": [GEMV, SMALL_M, bf16]})
+    rule = ("gemv_mma", GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=8))
+    for M in (1, 4):
+        assert tuned.tuned_choice(GPU, M, 4096, 14336, 4, 128, "fp16") == rule
+        assert tuned.tuned_choice(GPU, M, 4096, 14336, 4, 128) == rule
+        assert tuned.tuned_choice(GPU, M, 4096, 14336, 4, 128, "bf16") == ("gemv_mma", GemvMmaConfig(2, 4))
+    assert tuned.tuned_choice(GPU, 16, 4096, 14336, 4, 128, "bf16") == ("gemv_mma", GemvMmaConfig(2, 4))
+    assert tuned.tuned_choice(GPU, 16, 4096, 14336, 4, 128, "fp16")[0] == "gemm_small_m"
+    assert tuned.tuned_choice(GPU, 17, 4096, 14336, 4, 128, "bf16")[0] == "gemm_small_m"  # type-less beyond 16
+    qw = SimpleNamespace(N=4096, K=14336, bits=4, block_size=128)
+    tuned._gpu_names[0] = GPU
+    try:
+        assert tuned.tuned_for(qw, 2, torch.bfloat16, 0, 90) == ("gemv_mma", GemvMmaConfig(2, 4))
+        assert tuned.tuned_for(qw, 2, torch.float16, 0, 90) == rule
+    finally:
+        del tuned._gpu_names[0]
+    _write(tuning_dir, {"entries": [bf16, {**bf16, "M": [16, 20]}]})
+    tuned.table.cache_clear()
+    with pytest.raises(ValueError, match=r"dtype=bf16\) overlap"):
+        tuned.table(GPU)
+    _write(tuning_dir, {"entries": [{**GEMV, "dtype": "fp32"}]})
+    tuned.table.cache_clear()
+    with pytest.raises(ValueError, match=r"dtype must be one of \['fp16', 'bf16'\]"):
+        tuned.table(GPU)
+
+
 def test_a_gap_between_ranges_keeps_the_rules(tuning_dir):
     _write(tuning_dir, {"entries": [GEMV, {**SMALL_M, "M": [16, 32]}]})
     assert tuned.tuned_choice(GPU, 8, 4096, 14336, 4, 128) is None
@@ -292,6 +322,29 @@ def test_write_json_keeps_other_sections_and_shapes(tuner, tmp_path):
     assert len(table) == 2 and table.lookup(10, 4096, 14336, 4, 128).config == g.config  # replaced
     assert table.lookup(10, 8192, 8192, 8, 128).config == GemvMmaConfig()  # kept
     assert sum(line.lstrip().startswith('{"N"') for line in path.read_text().splitlines()) == 2  # one per line
+
+
+def test_bf16_entries_only_where_bf16_prefers_another_variant(tuner, tmp_path):
+    """--dtype bf16: the ranges whose choice is the baseline's (what the file gives bf16 now) are left out, the
+    others written with "dtype": "bf16"; a second bf16 run replaces the shape's bf16 entries (even with none left),
+    never its type-less ones."""
+    g, s = tuner.Candidate("gemv_mma", GemvMmaConfig()), tuner.Candidate("gemm_small_m", GemmSmallMConfig(stages=2))
+    picks = {1: g, 2: s, 4: s, 8: g, 16: g}
+    entries = tuner.shape_entries(4096, 14336, 4, 128, picks, "bf16", {1: g, 2: g, 4: g, 8: g, 16: s})
+    assert [(e["M"], e["strategy"], e["dtype"]) for e in entries] == [
+        ([2, 4], "gemm_small_m", "bf16"), ([9, 16], "gemv_mma", "bf16")]
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"weight_only": {"entries": [{**GEMV, "M": [1, 64]}]}}))
+    shape = {(4096, 14336, 4, 128, "bf16")}
+    tuner.write_json(path, entries, "bf16 run", 90, shape)
+    table = tuned.load_file(path)
+    assert len(table) == 3 and table.lookup(3, 4096, 14336, 4, 128, "bf16").strategy == "gemm_small_m"
+    assert table.lookup(3, 4096, 14336, 4, 128, "fp16").strategy == "gemv_mma"  # the type-less entry
+    assert table.lookup(6, 4096, 14336, 4, 128, "bf16").config == GemvMmaConfig(**GEMV["config"])  # not covered
+    tuner.write_json(path, [], "bf16 again", 90, shape)  # nothing better any more: the bf16 entries go
+    assert len(tuned.load_file(path)) == 1
+    args = tuner.parse_args(["--dtype", "bf16"])
+    assert args.dtype == "bf16" and tuner.parse_args([]).dtype == "fp16"
 
 
 def test_write_json_refuses_a_bad_section_before_writing(tuner, tmp_path):

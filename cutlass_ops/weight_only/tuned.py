@@ -27,8 +27,11 @@ other sections this one leaves alone)::
 - ``"strategy"``: ``"gemv_mma"`` or ``"gemm_small_m"``; ``"config"``: the keyword arguments of
   :class:`~.variants.GemvMmaConfig` / :class:`~.variants.GemmSmallMConfig` (the ones left out take the class
   defaults, which are not always the variant the rules would pick: ``{}`` means ``GemvMmaConfig()``).
-- Entries apply to float16 and bfloat16 activations alike (the same kernels; the tuner times float16);
-  float32 and GPUs below sm_80 never use them (:func:`tuned_for`).
+- ``"dtype"`` (optional): ``"fp16"`` or ``"bf16"``, the activation type the entry was tuned for. An entry without
+  it applies to float16 and bfloat16 alike (the same kernels; ``tune_weight_only.py`` times float16 by default);
+  one with it applies to that type only and wins over a type-less entry covering the same M (``--dtype bf16`` runs
+  write such entries where bf16 prefers another variant). float32 and GPUs below sm_80 never use entries
+  (:func:`tuned_for`).
 - ``"compute_capability"`` (optional, written by the tuner): the GPU's, so that the set of prebuilt cubins of
   an architecture can include the tuned variants (:func:`shipped_entries`). Keys starting with ``"_"`` are
   comments, in the section and in entries.
@@ -61,7 +64,7 @@ from .variants import GemmSmallMConfig, GemmWgmmaConfig, GemvMmaConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SECTION", "ENV_SWITCH", "CONFIG_TYPES", "TUNING_DIR", "TunedEntry", "TunedTable", "enabled",
+__all__ = ["SECTION", "ENV_SWITCH", "CONFIG_TYPES", "DTYPE_NAMES", "TUNING_DIR", "TunedEntry", "TunedTable", "enabled",
            "parse_section", "load_file", "tuning_file", "table", "tuned_choice", "device_gpu_name", "tuned_for",
            "config_json", "shipped_entries"]
 
@@ -73,12 +76,16 @@ CONFIG_TYPES: dict[str, type] = {"gemv_mma": GemvMmaConfig, "gemm_small_m": Gemm
 # TUNING_DIR (imported above, shared with the int8 GEMM tiles) is where the per-GPU files live; tests point
 # this module's name elsewhere.
 _ENTRY_KEYS = ("N", "K", "bits", "block_size", "M", "strategy", "config")
+_OPTIONAL_KEYS = ("dtype",)
+DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16}  # an entry's "dtype" -> the activation type
+_DTYPE_KEYS = {v: k for k, v in DTYPE_NAMES.items()}
 _MAX_M = 64  # entries cover M <= 64 (gemv_mma / gemm_small_m: 8 tiles of 8 rows; a row_tiles=4 gemm_small_m 32)
 
 
 @dataclasses.dataclass(frozen=True)
 class TunedEntry:
-    """One tuned choice: ``strategy`` with ``config`` for M_lo <= M <= M_hi rows on an N x K weight."""
+    """One tuned choice: ``strategy`` with ``config`` for M_lo <= M <= M_hi rows on an N x K weight; ``dtype``
+    ("fp16" / "bf16") the activation type it is for, None for both."""
 
     N: int
     K: int
@@ -88,6 +95,7 @@ class TunedEntry:
     M_hi: int
     strategy: str
     config: Any
+    dtype: str | None = None
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -104,12 +112,17 @@ class TunedTable:
         for entry in entries:
             self._by_shape.setdefault(entry.shape, []).append(entry)
 
-    def lookup(self, M: int, N: int, K: int, bits: int, block_size: int) -> TunedEntry | None:
-        """The entry covering M rows on this weight, or None."""
+    def lookup(self, M: int, N: int, K: int, bits: int, block_size: int, dtype: str | None = None) -> TunedEntry | None:
+        """The entry covering M rows on this weight for activations ``dtype`` ("fp16" / "bf16"): one tuned for that
+        type first, else one for both; None without either."""
+        found = None
         for entry in self._by_shape.get((N, K, bits, block_size), ()):
             if entry.M_lo <= M <= entry.M_hi:
-                return entry
-        return None
+                if entry.dtype is None:
+                    found = entry
+                elif entry.dtype == dtype:
+                    return entry
+        return found
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -132,7 +145,7 @@ def _entry(raw, where: str, cc: int | None = None) -> TunedEntry:
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: must be an object, got {raw!r}")
     missing = [k for k in _ENTRY_KEYS if k not in raw]
-    unknown = sorted(k for k in raw if k not in _ENTRY_KEYS and not str(k).startswith("_"))
+    unknown = sorted(k for k in raw if k not in _ENTRY_KEYS + _OPTIONAL_KEYS and not str(k).startswith("_"))
     if missing or unknown:
         raise ValueError(f"{where}: " + "; ".join(
             ([f"missing {', '.join(missing)}"] if missing else []) + ([f"unknown key(s) {', '.join(unknown)}"]
@@ -165,12 +178,15 @@ def _entry(raw, where: str, cc: int | None = None) -> TunedEntry:
     if not (isinstance(M, list) and len(M) == 2 and all(_positive_int(m) for m in M) and M[0] <= M[1] <= limit):
         raise ValueError(f"{where}: M must be [lo, hi] with 1 <= lo <= hi <= {limit} ({strategy} {config}), "
                          f"got {M!r}")
+    dtype = raw.get("dtype")
+    if dtype is not None and dtype not in DTYPE_NAMES:
+        raise ValueError(f"{where}: dtype must be one of {list(DTYPE_NAMES)} (or absent: both), got {dtype!r}")
     weight = SimpleNamespace(N=N, K=K, bits=bits, block_size=block_size)
     # M[1]: the strictest M of the range; the file's GPU generation (sm_80 where it names none): gemm_wgmma needs sm_90
-    problem = strategy_problem(strategy, M[1], torch.float16, weight, cc or 80)
+    problem = strategy_problem(strategy, M[1], DTYPE_NAMES[dtype or "fp16"], weight, cc or 80)
     if problem is not None:
         raise ValueError(f"{where}: {problem}")
-    return TunedEntry(N, K, bits, block_size, M[0], M[1], strategy, config)
+    return TunedEntry(N, K, bits, block_size, M[0], M[1], strategy, config, dtype)
 
 
 def parse_section(section, source: str) -> TunedTable:
@@ -196,13 +212,14 @@ def parse_section(section, source: str) -> TunedTable:
         entries.append(_entry(raw, where, cc))
     by_shape: dict[tuple, list[tuple[int, TunedEntry]]] = {}
     for i, entry in enumerate(entries):
-        by_shape.setdefault(entry.shape, []).append((i, entry))
-    for (N, K, bits, block_size), found in by_shape.items():
+        by_shape.setdefault((*entry.shape, entry.dtype), []).append((i, entry))
+    for (N, K, bits, block_size, dtype), found in by_shape.items():
         found.sort(key=lambda ie: ie[1].M_lo)
         for (i, a), (j, b) in zip(found, found[1:]):
             if b.M_lo <= a.M_hi:
                 raise ValueError(f"{source}: {SECTION}.entries[{i}] and [{j}] (N={N}, K={K}, bits={bits}, "
-                                 f"block_size={block_size}) overlap: M {[a.M_lo, a.M_hi]} and {[b.M_lo, b.M_hi]}")
+                                 f"block_size={block_size}{', dtype=' + dtype if dtype else ''}) overlap: "
+                                 f"M {[a.M_lo, a.M_hi]} and {[b.M_lo, b.M_hi]}")
     return TunedTable(source, tuple(entries), cc)
 
 
@@ -237,14 +254,15 @@ def table(gpu_name: str) -> TunedTable | None:
     return tuned
 
 
-def tuned_choice(gpu_name: str, M: int, N: int, K: int, bits: int, block_size: int) -> tuple[str, Any] | None:
-    """(strategy, config instance) tuned on ``gpu_name`` for M rows on an N x K ``bits``-bit weight in blocks of
-    ``block_size``, or None (no entry, or ``CUTLASS_OPS_TUNED=0``). fp16 and bf16 activations on sm_80+ only:
-    :func:`tuned_for` checks that."""
+def tuned_choice(gpu_name: str, M: int, N: int, K: int, bits: int, block_size: int,
+                 dtype: str | None = None) -> tuple[str, Any] | None:
+    """(strategy, config instance) tuned on ``gpu_name`` for M rows of ``dtype`` ("fp16" / "bf16"; None: entries
+    for both types only) on an N x K ``bits``-bit weight in blocks of ``block_size``, or None (no entry, or
+    ``CUTLASS_OPS_TUNED=0``). fp16 and bf16 activations on sm_80+ only: :func:`tuned_for` checks that."""
     if not enabled():
         return None
     tuned = table(gpu_name)
-    entry = tuned.lookup(M, N, K, bits, block_size) if tuned is not None else None
+    entry = tuned.lookup(M, N, K, bits, block_size, dtype) if tuned is not None else None
     return (entry.strategy, entry.config) if entry is not None else None
 
 
@@ -268,11 +286,11 @@ def tuned_for(qw, M: int, dtype: torch.dtype, device: int, cc: int) -> tuple[str
     gpu_name = device_gpu_name(device)
     if gpu_name is None:
         return None
-    choice = tuned_choice(gpu_name, M, qw.N, qw.K, qw.bits, qw.block_size)
+    choice = tuned_choice(gpu_name, M, qw.N, qw.K, qw.bits, qw.block_size, _DTYPE_KEYS[dtype])
     if choice is None:
         return None
     problem = strategy_problem(choice[0], M, dtype, qw, cc)
-    if problem is not None:  # checked at load for fp16 on sm_80; kept as the guard the dispatch relies on
+    if problem is not None:  # checked at load for its dtype on sm_80; kept as the guard the dispatch relies on
         log.warning("tuned %s for M=%d, N=%d, K=%d ignored: %s", choice[0], M, qw.N, qw.K, problem)
         return None
     return choice
