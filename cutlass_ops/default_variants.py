@@ -227,12 +227,13 @@ def _weight_only(cc: int, pdl: bool):
                     for gather in (False, True):  # act-order: its own plan on sm_90+ (gemv_mma)
                         yield family, _uses(plan_class(strategy, cc, gather, pdl).kernels(M, dtype, bits))
             yield "dequant_weight", dequantize_kernels(dtype, bits)
-    from cutlass_ops.weight_only.tuned import shipped_entries
+    from cutlass_ops.weight_only.tuned import DTYPE_NAMES, shipped_entries
 
     for entry_cc, entry in shipped_entries():  # the variants the tuning files choose on this architecture
         if entry_cc == cc:
             family = FAMILY_OF_STRATEGY.get(entry.strategy, entry.strategy)
-            for dtype in (torch.float16, torch.bfloat16):
+            # an entry for one activation type ("dtype") loads only that type's modules
+            for dtype in (DTYPE_NAMES[entry.dtype],) if entry.dtype else (torch.float16, torch.bfloat16):
                 for M in range(entry.M_lo, entry.M_hi + 1):
                     for gather in (False, True):
                         yield family, _uses(plan_class(entry.strategy, cc, gather, pdl).kernels(
