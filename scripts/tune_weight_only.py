@@ -191,7 +191,7 @@ def shape_entries(N: int, K: int, bits: int, block_size: int, picks: dict[int, C
 def merged_section(old: dict | None, entries: list[dict], source: str, cc: int,
                    tuned_shapes: set | None = None) -> tuple[dict, int]:
     """(the new "weight_only" section, entries kept from ``old``): ``entries`` replace those of the same weight
-    shapes in ``old`` for the same activation type ("dtype", absent: both); the others are kept. ``tuned``: the
+    shapes in ``old`` for the same activation type ("dtype", absent: both); the others are kept. ``tuned_shapes``: the
     weight shapes (and type) that were tuned, with or without entries (a bf16 run that found nothing better than
     the type-less entries still removes the shape's old bf16 entries)."""
     key = lambda e: (e["N"], e["K"], e["bits"], e["block_size"], e.get("dtype"))  # noqa: E731
@@ -442,7 +442,7 @@ def main(argv=None) -> int:
             if json_path is not None and (entries or typed):
                 source = (f"scripts/tune_weight_only.py {' '.join(sys.argv[1:])} on {gpu} (sm_{cc}), "
                           f"{dt.date.today().isoformat()}, commit {git_commit()}; table in "
-                          f"scripts/results/{gpu_slug(gpu)}/{BENCH}.md")
+                          f"scripts/results/{gpu_slug(gpu)}/{bench}.md")
                 write_json(json_path, entries, source, cc, shapes_done)
             if k < len(shapes) - 1:  # only the last write of the report says where
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

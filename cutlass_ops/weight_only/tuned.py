@@ -64,8 +64,8 @@ from .variants import GemmSmallMConfig, GemmWgmmaConfig, GemvMmaConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SECTION", "ENV_SWITCH", "CONFIG_TYPES", "DTYPE_NAMES", "TUNING_DIR", "TunedEntry", "TunedTable", "enabled",
-           "parse_section", "load_file", "tuning_file", "table", "tuned_choice", "device_gpu_name", "tuned_for",
+__all__ = ["SECTION", "ENV_SWITCH", "CONFIG_TYPES", "DTYPE_NAMES", "TUNING_DIR", "TunedEntry", "TunedTable",
+           "enabled", "parse_section", "load_file", "tuning_file", "table", "tuned_choice", "device_gpu_name", "tuned_for",
            "config_json", "shipped_entries"]
 
 SECTION = "weight_only"
@@ -112,7 +112,8 @@ class TunedTable:
         for entry in entries:
             self._by_shape.setdefault(entry.shape, []).append(entry)
 
-    def lookup(self, M: int, N: int, K: int, bits: int, block_size: int, dtype: str | None = None) -> TunedEntry | None:
+    def lookup(self, M: int, N: int, K: int, bits: int, block_size: int,
+               dtype: str | None = None) -> TunedEntry | None:
         """The entry covering M rows on this weight for activations ``dtype`` ("fp16" / "bf16"): one tuned for that
         type first, else one for both; None without either."""
         found = None
