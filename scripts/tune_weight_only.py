@@ -342,8 +342,8 @@ def report(rows: list[Row], args, gpu: str, json_path: Path | None, failed: list
     changed = sum(1 for r in rows if r.chosen is not None and r.chosen != r.rule)
     geo = math.exp(sum(map(math.log, gains)) / len(gains)) if gains else math.nan
     lines = [f"# Weight-only dispatch tuning, {gpu}", "",
-             f"{args.dtype} activations, asymmetric minmax, block {GROUP}. Device us per call: CUDA graphs of >= 60 calls "
-             "rotating over >= 3x L2 of weight and x copies (median of 10 replays). Candidates: gemv_mma "
+             f"{args.dtype} activations, asymmetric minmax, block {GROUP}. Device us per call: CUDA graphs of >= 60 "
+             "calls rotating over >= 3x L2 of weight and x copies (median of 10 replays). Candidates: gemv_mma "
              "r<row tiles>u<unroll>b<min blocks>w<warps>[k<K splits>], and from M = "
              f"{GEMM_SMALL_M_FROM_M} gemm_small_m r<row tiles>w<warps>s<stages>, and on sm_90 from M = "
              f"{GEMM_WGMMA_FROM_M} gemm_wgmma g<warpgroups>s<stages>p<prefetch>b<min blocks>; each checked against gemv_mma's "

@@ -65,8 +65,8 @@ from .variants import GemmSmallMConfig, GemmWgmmaConfig, GemvMmaConfig
 log = logging.getLogger(__name__)
 
 __all__ = ["SECTION", "ENV_SWITCH", "CONFIG_TYPES", "DTYPE_NAMES", "TUNING_DIR", "TunedEntry", "TunedTable",
-           "enabled", "parse_section", "load_file", "tuning_file", "table", "tuned_choice", "device_gpu_name", "tuned_for",
-           "config_json", "shipped_entries"]
+           "enabled", "parse_section", "load_file", "tuning_file", "table", "tuned_choice", "device_gpu_name",
+           "tuned_for", "config_json", "shipped_entries"]
 
 SECTION = "weight_only"
 ENV_SWITCH = "CUTLASS_OPS_TUNED"
