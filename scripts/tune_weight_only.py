@@ -225,6 +225,12 @@ def write_json(path: Path, entries: list[dict], source: str, cc: int, tuned_shap
     path.write_text(json_text({**data, tuned.SECTION: section}))
     tuned.table.cache_clear()
     log.info("wrote %d weight_only entries (%d kept) to %s", len(section["entries"]), kept, path)
+    shape = lambda e: (e["N"], e["K"], e["bits"], e["block_size"])  # noqa: E731
+    retuned = {shape(e) for e in entries if not e.get("dtype")} | {s[:4] for s in tuned_shapes or () if s[4] is None}
+    stale = sum(1 for e in section["entries"] if e.get("dtype") and shape(e) in retuned)
+    if stale:  # typed entries won against the type-less ones just replaced
+        log.warning("%d typed (bf16) entries of the shapes re-tuned here were measured against their old entries: "
+                    "run again with --dtype bf16", stale)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -324,7 +324,7 @@ def test_write_json_keeps_other_sections_and_shapes(tuner, tmp_path):
     assert sum(line.lstrip().startswith('{"N"') for line in path.read_text().splitlines()) == 2  # one per line
 
 
-def test_bf16_entries_only_where_bf16_prefers_another_variant(tuner, tmp_path):
+def test_bf16_entries_only_where_bf16_prefers_another_variant(tuner, tmp_path, caplog):
     """--dtype bf16: the ranges whose choice is the baseline's (what the file gives bf16 now) are left out, the
     others written with "dtype": "bf16"; a second bf16 run replaces the shape's bf16 entries (even with none left),
     never its type-less ones."""
@@ -341,6 +341,10 @@ def test_bf16_entries_only_where_bf16_prefers_another_variant(tuner, tmp_path):
     assert len(table) == 3 and table.lookup(3, 4096, 14336, 4, 128, "bf16").strategy == "gemm_small_m"
     assert table.lookup(3, 4096, 14336, 4, 128, "fp16").strategy == "gemv_mma"  # the type-less entry
     assert table.lookup(6, 4096, 14336, 4, 128, "bf16").config == GemvMmaConfig(**GEMV["config"])  # not covered
+    tuner.write_json(path, entries, "bf16 again", 90, shape)
+    with caplog.at_level("WARNING", logger="tune_weight_only"):  # an fp16 re-tune of the shape: bf16 is stale
+        tuner.write_json(path, tuner.shape_entries(4096, 14336, 4, 128, {64: g}), "fp16 run", 90)
+    assert "2 typed (bf16) entries of the shapes re-tuned here" in caplog.text
     tuner.write_json(path, [], "bf16 again", 90, shape)  # nothing better any more: the bf16 entries go
     assert len(tuned.load_file(path)) == 1
     args = tuner.parse_args(["--dtype", "bf16"])
