@@ -102,11 +102,9 @@ def _shipped_choices(M: int, dtype: torch.dtype, qw, cc: int) -> list:
 
     if dtype not in (torch.float16, torch.bfloat16):
         return []
-    from cutlass_ops.weight_only.tuned import DTYPE_NAMES
-
     return [entry for entry_cc, entry in shipped_entries()
             if entry_cc == cc and entry.shape == (qw.N, qw.K, qw.bits, qw.block_size) and entry.M_lo <= M <= entry.M_hi
-            and (entry.dtype is None or DTYPE_NAMES[entry.dtype] == dtype)]
+            and dtype in entry.dtypes]
 
 
 def dequantize_kernels(dtype: torch.dtype, bits: int) -> set[KernelUse]:
@@ -227,13 +225,12 @@ def _weight_only(cc: int, pdl: bool):
                     for gather in (False, True):  # act-order: its own plan on sm_90+ (gemv_mma)
                         yield family, _uses(plan_class(strategy, cc, gather, pdl).kernels(M, dtype, bits))
             yield "dequant_weight", dequantize_kernels(dtype, bits)
-    from cutlass_ops.weight_only.tuned import DTYPE_NAMES, shipped_entries
+    from cutlass_ops.weight_only.tuned import shipped_entries
 
     for entry_cc, entry in shipped_entries():  # the variants the tuning files choose on this architecture
         if entry_cc == cc:
             family = FAMILY_OF_STRATEGY.get(entry.strategy, entry.strategy)
-            # an entry for one activation type ("dtype") loads only that type's modules
-            for dtype in (DTYPE_NAMES[entry.dtype],) if entry.dtype else (torch.float16, torch.bfloat16):
+            for dtype in entry.dtypes:  # an entry for one activation type loads only that type's modules
                 for M in range(entry.M_lo, entry.M_hi + 1):
                     for gather in (False, True):
                         yield family, _uses(plan_class(entry.strategy, cc, gather, pdl).kernels(

@@ -259,9 +259,7 @@ def main() -> int:
     import bench_llama
 
     if args.inductor_pdl:
-        import torch._inductor.config as inductor_config
-
-        inductor_config.triton.enable_pdl = True
+        bench_llama.use_inductor_pdl()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in bench_llama.MODES]
     if unknown:

@@ -284,7 +284,7 @@ def tune_weight(shape, bits: int, args, l2: int, cc: int, device: int) -> list[R
     sms = sm_count(device)
     dtype = DTYPES[args.dtype]
     # bf16: the baseline is what the file gives bf16 now (its type-less entry for the shape and M), else the rules
-    current = tuned.table(torch.cuda.get_device_name(device)) if args.dtype != "fp16" else None
+    current = tuned.table(torch.cuda.get_device_name(device)) if args.typed else None
     t0 = time.perf_counter()
     master = torch.randn(N, K, device="cuda", dtype=torch.float16).mul_(0.02)
     qws = weight_copies(master, bits, l2)
@@ -356,7 +356,7 @@ def report(rows: list[Row], args, gpu: str, json_path: Path | None, failed: list
              "default variant (max |diff| <= 1% of max |y|) before it is timed. rule-based: what dispatch.py and "
              "variants.default_*_config pick (`CUTLASS_OPS_TUNED=0`)" + (
                  "; with --dtype bf16 the file's entry for both types where it has one (what bf16 ran before)"
-                 if args.dtype != "fp16" else "") + ". chosen: the fastest, unless it beats the rule "
+                 if args.typed else "") + ". chosen: the fastest, unless it beats the rule "
              f"by less than {args.min_gain:.0%} (then the rule's). rule / chosen: the speed-up the tuned entry gives.",
              "", table(header, body), "",
              f"- {len(rows)} (shape, bits, M) timed; the tuned choice differs from the rule-based one in {changed}; "
@@ -392,6 +392,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.jobs < 1:
         p.error(f"--jobs must be >= 1, got {args.jobs}")
     args.bits = sorted(set(args.bits))
+    args.typed = None if args.dtype == "fp16" else args.dtype  # the "dtype" of the entries written (fp16: none)
     return args
 
 
@@ -422,7 +423,7 @@ def main(argv=None) -> int:
         return 1
     json_path = None if args.write_json is None else Path(args.write_json or tuned.tuning_file(gpu))
     precompile(args.bits, args.M, cc, target_arch(device), args.jobs, DTYPES[args.dtype])
-    bench = BENCH if args.dtype == "fp16" else f"{BENCH}_{args.dtype}"
+    bench = f"{BENCH}_{args.typed}" if args.typed else BENCH
     torch.manual_seed(0)
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2**20)
     log.info("%s (sm_%d), L2 %.0f MiB: %d shapes x W%s x M %s", gpu, cc, l2 / 2**20, len(shapes), args.bits, args.M)
@@ -439,36 +440,35 @@ def main(argv=None) -> int:
                 gc.collect()
                 torch.cuda.empty_cache()
             # a run cut short keeps its table and the JSON of the shapes it finished
-            typed = args.dtype if args.dtype != "fp16" else None
-            baselines = {(r.N, r.K, r.bits, r.M): r.rule for r in rows} if typed else {}
-            entries = [e for (N, K, bits), picks in _picks(rows).items()
-                       for e in shape_entries(N, K, bits, GROUP, picks, typed,
-                                              {M: baselines.get((N, K, bits, M)) for M in picks} if typed else None)]
-            shapes_done = {(N, K, bits, GROUP, typed) for (N, K, bits) in _picks(rows)}
-            if json_path is not None and (entries or typed):
+            picks, baselines = _picks(rows), _picks(rows, "rule")
+            entries = [e for shape_key, chosen in picks.items()
+                       for e in shape_entries(*shape_key, GROUP, chosen, args.typed,
+                                              baselines[shape_key] if args.typed else None)]
+            if json_path is not None and picks:
                 source = (f"scripts/tune_weight_only.py {' '.join(sys.argv[1:])} on {gpu} (sm_{cc}), "
                           f"{dt.date.today().isoformat()}, commit {git_commit()}; table in "
                           f"scripts/results/{gpu_slug(gpu)}/{bench}.md")
-                write_json(json_path, entries, source, cc, shapes_done)
+                write_json(json_path, entries, source, cc, {(*key, GROUP, args.typed) for key in picks})
             if k < len(shapes) - 1:  # only the last write of the report says where
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                     write_report(report(rows, args, gpu, None, failed), args.out, bench)
-    if json_path is not None and not entries and args.dtype == "fp16":
+    measured = bool(_picks(rows))
+    if json_path is not None and not measured:
         log.error("nothing measured: %s not written", json_path)
     with contextlib.redirect_stdout(io.StringIO()):  # write_report names the file on stderr
-        write_report(report(rows, args, gpu, json_path if entries or args.dtype != "fp16" else None, failed), args.out,
-                     bench)
+        write_report(report(rows, args, gpu, json_path if measured else None, failed), args.out, bench)
     log.info("done: %d shapes in %.0f s%s", len(shapes), time.perf_counter() - start,
              f", {len(failed)} failed" if failed else "")
     return 1 if failed else 0
 
 
-def _picks(rows: list[Row]) -> dict[tuple[int, int, int], dict[int, Candidate]]:
-    """(N, K, bits) -> {M: chosen candidate} over the rows that have a choice."""
+def _picks(rows: list[Row], field: str = "chosen") -> dict[tuple[int, int, int], dict[int, Candidate]]:
+    """(N, K, bits) -> {M: the row's ``field``} (its chosen candidate, or "rule": its baseline) over the rows that
+    have a choice."""
     picks: dict[tuple[int, int, int], dict[int, Candidate]] = {}
     for r in rows:
         if r.chosen is not None:
-            picks.setdefault((r.N, r.K, r.bits), {})[r.M] = r.chosen
+            picks.setdefault((r.N, r.K, r.bits), {})[r.M] = getattr(r, field)
     return picks
 
 

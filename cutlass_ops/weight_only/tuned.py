@@ -98,6 +98,11 @@ class TunedEntry:
     dtype: str | None = None
 
     @property
+    def dtypes(self) -> tuple[torch.dtype, ...]:
+        """The activation types the entry applies to."""
+        return (DTYPE_NAMES[self.dtype],) if self.dtype else (torch.float16, torch.bfloat16)
+
+    @property
     def shape(self) -> tuple[int, int, int, int]:
         """The weight this entry applies to: (N, K, bits, block_size)."""
         return self.N, self.K, self.bits, self.block_size

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from custom_kernels.device import capability
 from cutlass_ops.weight_only import tuned
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -31,12 +32,12 @@ def _typed_entries(limit: int = 4):
 def test_typed_entry_is_the_dispatch_for_its_type(entry):
     dtype = tuned.DTYPE_NAMES[entry.dtype]
     other = torch.bfloat16 if dtype == torch.float16 else torch.float16
-    cc = torch.cuda.get_device_capability(0)
+    cc = capability(0)
     qw = _weight(entry.N, entry.K, entry.bits, entry.block_size, False)
     M = entry.M_lo
-    assert tuned.tuned_for(qw, M, dtype, 0, 10 * cc[0] + cc[1]) == (entry.strategy, entry.config)
+    assert tuned.tuned_for(qw, M, dtype, 0, cc) == (entry.strategy, entry.config)
     untyped = tuned.table(torch.cuda.get_device_name(0)).lookup(M, entry.N, entry.K, entry.bits, entry.block_size)
     expected_other = (untyped.strategy, untyped.config) if untyped is not None else None
-    assert tuned.tuned_for(qw, M, other, 0, 10 * cc[0] + cc[1]) == expected_other
+    assert tuned.tuned_for(qw, M, other, 0, cc) == expected_other
     x, bias = _inputs(M, entry.K, entry.N, dtype, seed=41)
     _check(x, qw, bias, 0, None)  # the default dispatch: the typed entry's variant
