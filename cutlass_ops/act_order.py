@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from cutlass_ops.graph_pool import outside_graph_pool
 from cutlass_ops.plan_cache import TensorMemo
 
 __all__ = ["checked_perm"]
@@ -25,7 +26,7 @@ def checked_perm(qw, perm: torch.Tensor) -> torch.Tensor:
         return perm
     perm32 = _converted_perms.get(perm)  # K is perm's own length: the check holds for any weight of that K
     if perm32 is None:
-        perm32 = _converted(perm, qw.K)
+        perm32 = outside_graph_pool(lambda: _converted(perm, qw.K), perm.device)
         _converted_perms.put(perm, perm32)
     return perm32
 

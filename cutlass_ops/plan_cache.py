@@ -23,6 +23,8 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
+from cutlass_ops.graph_pool import outside_graph_pool
+
 __all__ = ["MAX_WEIGHTS", "MAX_PLANS_PER_WEIGHT", "WeightEntry", "entry", "plan", "clear", "stats", "version",
            "TensorMemo", "float32_copy"]
 
@@ -88,7 +90,8 @@ def entry(qw) -> WeightEntry:
 
 
 def plan(qw, key: Any, build: Callable[[], T]) -> T:
-    """The plan of ``qw`` under ``key``, built by ``build()`` on a miss (and kept, LRU-bounded)."""
+    """The plan of ``qw`` under ``key``, built by ``build()`` on a miss (and kept, LRU-bounded; during a
+    cudagraph-trees warm-up built outside the graph's pool: :mod:`cutlass_ops.graph_pool`)."""
     plans = entry(qw).plans
     found = plans.get(key)
     if found is not None:
@@ -97,7 +100,7 @@ def plan(qw, key: Any, build: Callable[[], T]) -> T:
         except KeyError:  # evicted by another thread meanwhile: it stays usable for this call
             pass
         return found
-    built = build()
+    built = outside_graph_pool(build, getattr(qw.qweight, "device", None))
     with _lock:
         plans[key] = built
         while len(plans) > MAX_PLANS_PER_WEIGHT:
@@ -156,9 +159,10 @@ def float32_copy(t: torch.Tensor) -> torch.Tensor:
     found = _float32_copies.get(t)
     if found is not None and not t.requires_grad:
         return found
-    copy = t.to(torch.float32).contiguous()
-    if not (t.requires_grad or t.is_inference()):
-        _float32_copies.put(t, copy)
+    if t.requires_grad or t.is_inference():
+        return t.to(torch.float32).contiguous()
+    copy = outside_graph_pool(lambda: t.to(torch.float32).contiguous(), t.device)
+    _float32_copies.put(t, copy)
     return copy
 
 

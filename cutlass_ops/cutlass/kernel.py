@@ -33,6 +33,8 @@ from custom_kernels.cuda_paths import cuda_home
 from custom_kernels.device import current_device, raw_stream, sm_count
 from custom_kernels.launch import LaunchConfig, LaunchShape, Module, params_address, pdl_enabled
 
+from cutlass_ops.graph_pool import outside_graph_pool
+
 from .arguments import ArgumentLayout
 from .build import GemmArtifact
 
@@ -182,7 +184,7 @@ class GemmKernel:
         if ws is None or ws.numel() < size:
             # Zeroed once like the interface's plan.run; a larger problem reallocates, and every
             # cached Params holding the old pointer is dropped.
-            ws = torch.zeros(size, dtype=torch.uint8, device=f"cuda:{device}")
+            ws = outside_graph_pool(lambda: torch.zeros(size, dtype=torch.uint8, device=f"cuda:{device}"), device)
             self._workspaces[device] = ws
             self._states = {k: v for k, v in self._states.items() if k[-1] != device}
             self._rebuilt_total = sum(len(v.rebuilt) for v in self._states.values())

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from custom_kernels.device import sm_count
 from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
 
+from cutlass_ops.graph_pool import outside_graph_pool
 from cutlass_ops.plan_cache import TensorMemo
 
 from .tuning import ALIGNMENT_K
@@ -124,7 +125,7 @@ def _memoized(t: torch.Tensor, key: tuple[int, int], make: Callable[[], torch.Te
         _padded.put(t, copies)
     found = copies.get(key)
     if found is None:
-        found = copies[key] = make()
+        found = copies[key] = outside_graph_pool(make, t.device)
     return found
 
 

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from cutlass_ops import plan_cache
+from cutlass_ops.graph_pool import outside_graph_pool
 
 from .quant_a import sum_bq_gpu
 
@@ -67,10 +68,12 @@ def prepare_weight_blocks(qw) -> dict:
 
 
 class BucketBuffers:
-    """A path's buffers per M bucket: ``get(M)`` returns the bucket's set, made by ``make(Mb)``."""
+    """A path's buffers per M bucket: ``get(M)`` returns the bucket's set, made by ``make(Mb)`` on ``device``
+    (outside a cudagraph-trees warm-up's pool: they are kept across calls)."""
 
-    def __init__(self, make: Callable[[int], dict]):
+    def __init__(self, make: Callable[[int], dict], device: torch.device):
         self.make = make
+        self.device = device
         self._sets: dict[int, dict] = {}
 
     def get(self, M: int) -> dict:
@@ -79,5 +82,5 @@ class BucketBuffers:
         if found is None:
             if len(self._sets) >= BUCKETS_KEPT:
                 self._sets.pop(next(iter(self._sets)))
-            found = self._sets[Mb] = self.make(Mb)
+            found = self._sets[Mb] = outside_graph_pool(lambda: self.make(Mb), self.device)
         return found

@@ -30,7 +30,7 @@ class LiteralPlan:
             "sum_A": torch.empty((Mb, G), dtype=torch.int32, device=dev),
             "C_q": torch.empty((Mb, Np), dtype=torch.int32, device=dev),
             "out": torch.empty((Mb, Np), dtype=torch.float32, device=dev),
-        })
+        }, dev)
 
     def __call__(self, x2d: torch.Tensor) -> torch.Tensor:
         M, bs, N, prep = x2d.shape[0], self.block_size, self.N, self.prep

@@ -36,7 +36,7 @@ class OrchestratorPlan:
             "r": torch.empty((3, G, round_up(Mb, 4)), dtype=torch.float32, device=dev),
             # two fp32 accumulators used alternately: each GEMM reads C from one and writes D to the other
             "acc": torch.empty((2, Mb, Np), dtype=torch.float32, device=dev),
-        })
+        }, dev)
 
     def __call__(self, x2d: torch.Tensor) -> torch.Tensor:
         M, bs, prep = x2d.shape[0], self.block_size, self.prep

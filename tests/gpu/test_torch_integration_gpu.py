@@ -11,7 +11,7 @@ import cutlass_ops
 from _module_checks import check_linear_grads, check_round_trips
 from cutlass_ops import reference
 from cutlass_ops.nn import QuantConv2d, QuantLinear
-from cutlass_ops.quantize_model import W8A8BlockConfig, W8A8ChannelConfig, WeightOnlyConfig
+from cutlass_ops.quantize_model import W8A8BlockConfig, W8A8BlockScaledConfig, W8A8ChannelConfig, WeightOnlyConfig
 
 pytestmark = pytest.mark.gpu
 ops = torch.ops.cutlass_ops
@@ -156,6 +156,51 @@ def test_compile_reduce_overhead(name):
         for _ in range(4):  # warm-up, recording, replays
             x = torch.randn(1, 1, 256, device="cuda", dtype=torch.float16)
             out = compiled(x).clone()
+            assert _rel_err(out, model(x)) < COMPILE_TOL[torch.float16]
+
+
+@pytest.mark.parametrize("name", [*LINEAR_CONFIGS, "w8a8_block_scaled"])
+def test_compile_reduce_overhead_without_an_eager_call(name):
+    """The compiled model's first calls (cudagraph trees' warm-up) build each layer's per-weight data themselves
+    (plans, packed scale/offset words, float32 bias copies, padded weights for K = 1000): it is made outside the
+    graph's memory pool (cutlass_ops.graph_pool), so neither an eager call nor cutlass_ops.warmup is needed first,
+    the graphs are recorded (no cudagraph skip) and replays match the eager model."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(1)
+    model = nn.Sequential(Block(), nn.Linear(256, 1000), nn.SiLU(), nn.Linear(1000, 256)).cuda().half()
+    if name == "w8a8_block_scaled" and torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("block-scaled W8A8 runs on Hopper only")
+    config = W8A8BlockScaledConfig(block_size=128) if name == "w8a8_block_scaled" else LINEAR_CONFIGS[name]
+    summary = cutlass_ops.quantize_(model, config)
+    assert summary.converted, summary
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    xs = [torch.randn(1, 1, 256, device="cuda", dtype=torch.float16) for _ in range(4)]
+    with torch.no_grad():
+        outs = [compiled(x).clone() for x in xs]  # warm-up, recording, replays
+        assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+        for x, out in zip(xs, outs):
+            assert _rel_err(out, model(x)) < COMPILE_TOL[torch.float16]
+
+
+@pytest.mark.parametrize("name", list(CONV_CONFIGS))
+def test_compile_reduce_overhead_cnn_without_an_eager_call(name):
+    """The same for QuantConv2d layers (and a quantized classifier head): compiled first, graphs recorded."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _cnn()
+    cutlass_ops.quantize_(model, CONV_CONFIGS[name])
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    xs = [torch.randn(3, 32, 12, 12, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+          for _ in range(4)]
+    with torch.no_grad():
+        outs = [compiled(x).clone() for x in xs]
+        assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+        for x, out in zip(xs, outs):
             assert _rel_err(out, model(x)) < COMPILE_TOL[torch.float16]
 
 
