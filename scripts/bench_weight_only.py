@@ -20,6 +20,7 @@ import torch
 from _read_floor import read_floor_us
 from _timing import Rotating, host_us, write_report
 
+from custom_kernels.device import capability
 from cutlass_ops.formats import quantize_weight
 from cutlass_ops import weight_only as wo
 
@@ -99,6 +100,7 @@ def main() -> int:
         return 1
     torch.manual_seed(0)
     dev = torch.cuda.get_device_name()
+    cc = capability()  # the dispatch and strategy checks of this GPU
     lines = [f"# Weight-only linear benchmark on {dev}", ""]
     bw = copy_bandwidth()
     lines.append(f"Device-to-device copy: {bw / 1e12:.2f} TB/s (read + write). Times: median us.")
@@ -133,8 +135,8 @@ def main() -> int:
             ttg = bench_us(Rotating(lambda i: tg(xbf[i], i), copies)) if tg else float("nan")
             t4 = bench_us(Rotating(lambda i: wo.linear_weight_only(x16[i], qw4[i]), copies))
             t8 = bench_us(Rotating(lambda i: wo.linear_weight_only(x16[i], qw8[i]), copies))
-            s4 = wo.choose_strategy(M, torch.float16, qw4[0], 90)
-            s8 = wo.choose_strategy(M, torch.float16, qw8[0], 90)
+            s4 = wo.choose_strategy(M, torch.float16, qw4[0], cc)
+            s8 = wo.choose_strategy(M, torch.float16, qw8[0], cc)
             moved = weight_bytes(qw4[0]) + 2 * M * K + 2 * M * N
             gbs = moved / (t4 * 1e-6) / 1e9
             floor_pct = f"{100 * floor_us / t4:.0f}%" if M == 1 else ""
@@ -147,16 +149,18 @@ def main() -> int:
         lines.append("")
         lines.append("| M | strategy | variant | W4A16 | W8A16 |")
         lines.append("|---|---|---|---|---|")
-        variants = [("gemv_mma", None), ("gemv_simt", None), ("gemv_dp4a", None)]
+        variants = [("gemv_mma", None), ("gemv_simt", None), ("gemv_dp4a", None), ("gemm_small_m", None),
+                    ("gemm_wgmma", None)]  # the default variant of each strategy (no tuned entry)
         variants += [("gemm_mma", c) for c in wo.GEMM_CONFIGS]
-        for M in (1, 8, 16, 32, 64, 256, 4096):
+        for M in (1, 8, 16, 32, 64, 128, 256, 4096):
             x16 = [torch.randn(M, K, device="cuda", dtype=torch.float16) for _ in range(copies)]
             for strategy, config in variants:
-                if strategy == "gemv_mma" and M > 64 or strategy == "gemm_mma" and M < 16:
+                if (strategy == "gemv_mma" and M > 64 or strategy == "gemm_mma" and M < 16
+                        or strategy == "gemm_small_m" and M < 8 or strategy == "gemm_wgmma" and M < 16):
                     continue
                 row = []
                 for qws in (qw4, qw8):
-                    if wo.strategy_problem(strategy, M, torch.float16, qws[0], 90) is not None:
+                    if wo.strategy_problem(strategy, M, torch.float16, qws[0], cc) is not None:
                         row.append("-")
                         continue
                     fn = Rotating(lambda i, s=strategy, c=config, q=qws:
