@@ -41,11 +41,15 @@ def in_graph_warmup(device: int) -> bool:
     trees = sys.modules.get("torch._inductor.cudagraph_trees")
     if trees is None:
         return False
-    try:
-        manager = trees.get_manager(device, create_if_none_exists=False)
-    except Exception:  # noqa: BLE001 - a torch without this private API: behave as before
+    try:  # this thread's tree managers, read without creating any (get_manager would add a container)
+        if not (hasattr(trees.local, "tree_manager_containers")
+                or torch._C._is_key_in_tls("tree_manager_containers")):
+            return False
+        container = trees.get_obj(trees.local, "tree_manager_containers").get(device)
+        manager = None if container is None else container.tree_manager
+        return manager is not None and bool(manager.in_warmup)
+    except Exception:  # noqa: BLE001 - a torch whose private cudagraph-trees API differs: behave as before
         return False
-    return manager is not None and bool(manager.in_warmup)
 
 
 def _helper() -> ThreadPoolExecutor:
