@@ -65,8 +65,7 @@ log = logging.getLogger("tune_weight_only")
 BENCH = "tune_weight_only"
 # --dtype: fp16 (default) writes entries without a "dtype" (they apply to bf16 too: the same kernels); bf16 times bf16
 # activations against what the file gives bf16 now (its type-less entry, else the rules) and writes "dtype": "bf16"
-# entries only where another variant wins by MIN_GAIN.
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# entries only where another variant wins by MIN_GAIN. The names are the tuning file's (tuned.DTYPE_NAMES).
 # gemv_mma variants (scripts/sweep_gemv.py found these the fastest at small M): the class default; the M <= 4
 # rule's (variants.default_gemv_mma_config); it with 8 warps splitting K; one 16-row tile with 4 trips and 2
 # blocks per SM, with 4 or 8 warps (8: the fastest at M = 1 on 4096 x 4096 and 3072 x 3072 W4, H100); the
@@ -282,7 +281,7 @@ def tune_weight(shape, bits: int, args, l2: int, cc: int, device: int) -> list[R
 
     _, _, N, K = shape
     sms = sm_count(device)
-    dtype = DTYPES[args.dtype]
+    dtype = tuned.DTYPE_NAMES[args.dtype]
     # bf16: the baseline is what the file gives bf16 now (its type-less entry for the shape and M), else the rules
     current = tuned.table(torch.cuda.get_device_name(device)) if args.typed else None
     t0 = time.perf_counter()
@@ -374,7 +373,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="names (8B/qkv), models (70B), layers (down) or NxK (4096x14336); default all")
     p.add_argument("--M", type=int, nargs="+", help=f"default {' '.join(map(str, M_VALUES))}")
     p.add_argument("--bits", type=int, nargs="+", choices=(4, 8), default=[4, 8], help="default 4 8")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16",
+    p.add_argument("--dtype", choices=sorted(tuned.DTYPE_NAMES), default="fp16",
                    help="activations timed (default fp16: entries for both types; bf16: bf16 entries where bf16 "
                         "prefers another variant than the file's; report tune_weight_only_bf16.md)")
     p.add_argument("--min-gain", type=float, default=MIN_GAIN,
@@ -422,12 +421,12 @@ def main(argv=None) -> int:
         log.error("gemv_mma and gemm_small_m need sm_80+, this GPU is sm_%d", cc)
         return 1
     json_path = None if args.write_json is None else Path(args.write_json or tuned.tuning_file(gpu))
-    precompile(args.bits, args.M, cc, target_arch(device), args.jobs, DTYPES[args.dtype])
+    precompile(args.bits, args.M, cc, target_arch(device), args.jobs, tuned.DTYPE_NAMES[args.dtype])
     bench = f"{BENCH}_{args.typed}" if args.typed else BENCH
     torch.manual_seed(0)
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2**20)
     log.info("%s (sm_%d), L2 %.0f MiB: %d shapes x W%s x M %s", gpu, cc, l2 / 2**20, len(shapes), args.bits, args.M)
-    rows, failed, entries = [], [], []
+    rows, failed, picks = [], [], {}
     with torch.inference_mode():
         for k, shape in enumerate(shapes):
             for bits in args.bits:
@@ -452,7 +451,7 @@ def main(argv=None) -> int:
             if k < len(shapes) - 1:  # only the last write of the report says where
                 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                     write_report(report(rows, args, gpu, None, failed), args.out, bench)
-    measured = bool(_picks(rows))
+    measured = bool(picks)  # the last shape's _picks covers every row
     if json_path is not None and not measured:
         log.error("nothing measured: %s not written", json_path)
     with contextlib.redirect_stdout(io.StringIO()):  # write_report names the file on stderr

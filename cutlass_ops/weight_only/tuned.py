@@ -100,7 +100,7 @@ class TunedEntry:
     @property
     def dtypes(self) -> tuple[torch.dtype, ...]:
         """The activation types the entry applies to."""
-        return (DTYPE_NAMES[self.dtype],) if self.dtype else (torch.float16, torch.bfloat16)
+        return (DTYPE_NAMES[self.dtype],) if self.dtype else tuple(DTYPE_NAMES.values())
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
