@@ -209,7 +209,7 @@ def linear_w8a8_channel_impl(x: torch.Tensor, qweight: torch.Tensor, scale: torc
     """act((A_q @ W_q^T) * s_token * s_channel + bias): int8 per-token activations (quantized here:
     :func:`quantize_per_token`), int8 per-channel symmetric weight (qweight [N, K], scale [N, 1] float32); one
     CUTLASS int8 GEMM with the fused dequant epilogue (any N and K, as ``cutlass_ops.int8_gemm`` takes them:
-    an unaligned N on the any-N kernel, K % 16 != 0 on zero-padded operands).
+    an unaligned N on the any-N kernel or over N padded, K % 16 != 0 on zero-padded operands).
 
     The Python path of QuantLinear "w8a8_channel": after a CUDA call it registers what it used with the
     C++ path (``cutlass_ops.w8a8.channel_fast``), which the module's eager forward tries first."""

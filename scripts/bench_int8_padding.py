@@ -3,9 +3,11 @@
 
 ``cutlass_ops.int8_gemm`` and ``int8_gemm_requant`` take any N and K. An N that is not a multiple of
 16 bytes of D runs on the any-N kernel (Sm80, D stored one element at a time: nothing padded along N;
-cutlass_ops/cutlass/tuning.py ``any_n_spec``), except on Sm75, which pads N as it pads K: K % 16 != 0
-runs on zero-padded operands (cutlass_ops/cutlass/padding.py: A copied per call, B and the per-column
-inputs padded once per tensor and kept, D sliced back where N was padded). Issue 18's target: such a
+cutlass_ops/cutlass/tuning.py ``any_n_spec``) or on the aligned kernel over N padded (Sm75; M = 1; Sm90 plans
+at M <= 64 and where the any-N grid is long: cutlass_ops/cutlass/plan.py ``pads_N``; never while a graph is
+captured), as K % 16 != 0 runs on zero-padded operands (cutlass_ops/cutlass/padding.py: A copied per call,
+B and the per-column inputs padded once per tensor and kept, D copied out of D_pad by unpad_rows where N was
+padded). Issue 18's target: such a
 call within 1.3x of the aligned shape's time per output element. For each M (``--m``, default 1 64
 1024) and case of ``CASES`` (N 1000 vs 1024, 257 vs 256, 4097 vs 4096 at K = 4096; K 4097 vs 4096;
 both), each op:
@@ -24,12 +26,12 @@ would stream them. Times per call, us:
   acceptance column: ratio = (padded us / its N) / (aligned us / its N), '!' past 1.3x.
 - wall: back-to-back eager calls between two synchronizations, host cost included (median of 3
   loops of 50): what a host-bound small-M caller sees, the padded path's Python included.
-- graph: a CUDA graph of 20 calls, median of 10 replays. Nothing is memoized while a graph is
-  captured, so a padded call's graph copies B every replay (what a CUDA-graphed model pays).
+- graph: a CUDA graph of 20 calls, median of 10 replays. Nothing is kept while a graph is captured, so
+  graphs take the any-N kernels for an unaligned N (and copy A and B for an unaligned K every replay).
 
-"kernel": the kernel the unaligned shape runs on, "Sm<cc> align <elements of D per store>" (e.g. "Sm90
-align 8": N = 1000 is aligned already for f16 D; "Sm80 align 1": the any-N kernel), with ", K padded to
-<K_pad>" when A and B are padded along K, or "Sm75 padded to N_pad x K_pad" (padding.py). A markdown table
+"kernel": the kernel the unaligned shape runs on eagerly, "Sm<cc> align <elements of D per store>" (e.g.
+"Sm90 align 8": N = 1000 is aligned already for f16 D; "Sm80 align 1": the any-N kernel), with ", K padded to
+<K_pad>" when A and B are padded along K, or ", padded to N_pad x K_pad" (padding.py). A markdown table
 on stdout and in scripts/results/<gpu>/bench_int8_padding.md (or --out).
 
     python scripts/bench_int8_padding.py [--m 1 64 1024] [--ops dequant_f16 none_s32 requant_s8] [--out PATH]
@@ -108,7 +110,7 @@ def kernel_ran(N: int, K: int, kernel_cc: int, element_D: str, tile: str = "") -
 
 
 def plan_kernel(M: int, N: int, K: int, kernel_cc: int, op: str) -> str:
-    """:func:`kernel_ran` as the plan on GPU 0 decides it at this M (eager: M = 1 pads N; the any-N tile)."""
+    """:func:`kernel_ran` as the plan on GPU 0 decides it at this M (eagerly: padded N or the any-N tile)."""
     from cutlass_ops.cutlass.padding import padded_sizes
     from cutlass_ops.cutlass.plan import get_plan
     from cutlass_ops.cutlass.tuning import alignment_D
@@ -334,15 +336,16 @@ def main(argv=None) -> int:
             f"queued back to back",
             "behind a GPU sleep (B's padded copy kept, as a module's weight: the acceptance column); wall: "
             "back-to-back eager",
-            "calls with host cost; graph: CUDA graph replays (a padded call's graph copies B on every replay: "
-            "nothing is",
-            f"memoized while capturing). A and B rotate over copies of >= 2x the L2 ({l2_bytes / 2 ** 20:.0f} MiB; "
-            f"at most {MAX_COPIES}).",
+            "calls with host cost; graph: CUDA graph replays (nothing is kept while capturing: an unaligned N runs "
+            "on the any-N",
+            f"kernel, an unaligned K copies A and B per replay). A and B rotate over copies of >= 2x the L2 "
+            f"({l2_bytes / 2 ** 20:.0f} MiB; at most {MAX_COPIES}).",
             "kernel: what the eager call of the unaligned shape runs on, for that op's D type: Sm<cc> align <D "
             "elements per store>",
-            "(Sm80 align 1 <tile M x N>: the any-N kernel, nothing padded along N; the graph column of M = 1 runs it "
-            "too), 'padded to N_pad x K_pad'",
-            "(M = 1 eagerly, and Sm75), ', K padded to K_pad' where A and B are padded along K only.",
+            "(Sm80 align 1 <tile M x N>: the any-N kernel, nothing padded along N), ', padded to N_pad x K_pad' "
+            "(the aligned kernel over N padded,",
+            "D copied out by unpad_rows: cutlass/plan.py pads_N), ', K padded to K_pad' where A and B are padded "
+            "along K only.",
             "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER), *lines, "",
             "Within the target:", "", *summary(rows)]
     write_report(text, args.out, "bench_int8_padding")

@@ -27,7 +27,7 @@ names, and several --kernel-name filters add up):
         --kernel-name kns=quantize_q8_1 --kernel-name kns=test_int --kernel-name kns=test_uint \
         --kernel-name kns=quant_a_ --kernel-name kns=precompute_sum_bq --kernel-name kns=precompute_bvec --kernel-name kns=bias_act_ \
         --kernel-name kns=w8a8_kblock_gemm --kernel-name kns=w8a8_kblock_wgmma --kernel-name kns=w8a8_row_planes \
-        --kernel-name kns=quantize_weight_ --kernel-name kns=quant_token_ --kernel-name kns=pad_rows_ \
+        --kernel-name kns=quantize_weight_ --kernel-name kns=quant_token_ --kernel-name kns=pad_rows_ --kernel-name kns=unpad_rows \
         python3 scripts/sanitize_kernels.py
 
 The script prints that command for the cases it selected (``--sanitizer-cmd`` prints only it; with

@@ -21,8 +21,31 @@ def test_unregistered_shape_goes_back_to_python(ext):
     A = torch.zeros(16, 64, dtype=torch.int8)
     B = torch.zeros(32, 64, dtype=torch.int8)
     inputs = dict(scale_row=torch.ones(16), scale_col=torch.ones(32), bias=None)
-    assert ext.run(plan, A, B, 0, None, inputs, 0, True) is None  # no launch function, no state: Python's turn
+    assert ext.run(plan, A, B, 0, None, inputs, 0, True, False) is None  # no launch function, no state: Python's
     assert ext.state_count(plan) == 0
+
+
+def test_padded_copies_are_held_weakly_and_bounded(ext):
+    """register_padded remembers Python's padded copy of a weight-side tensor (by TensorImpl and N_pad, at its
+    version) without keeping the copy alive; an unaligned N without a registered copy goes back to Python;
+    register_unpad refuses a load width unpad_rows.cu has no build of."""
+    before = ext.padded_count()
+    B, B_pad = torch.zeros(1000, 64, dtype=torch.int8), torch.zeros(1008, 64, dtype=torch.int8)
+    ext.register_padded(B, 1008, B_pad)
+    ext.register_padded(B, 1008, B_pad)  # again: the same entry
+    assert ext.padded_count() == before + 1
+    plan = ext.register_plan(0, 1, -1, 2, False, 0b111, 16, torch.empty(0, dtype=torch.int8),
+                             [("multiplier", 1, 3, True), ("fused_bias", 1, 4, False)])
+    A = torch.zeros(64, 64, dtype=torch.int8)
+    C = torch.zeros(1000, 64, dtype=torch.int8)  # no copy registered
+    for weight in (B, C):
+        assert ext.run(plan, A, weight, 0, None, dict(multiplier=torch.ones(1000)), 0, False, True) is None
+    with pytest.raises(RuntimeError, match="bad launch parameters"):
+        ext.register_unpad(0, 3, 1, 528, True)
+    ext.register_padded(B, 1008, torch.zeros(8))
+    for _ in range(4100):  # past the bound the table starts over
+        ext.register_padded(torch.zeros(1), 16, torch.zeros(16))
+    assert ext.padded_count() <= 4096
 
 
 def test_build_is_cached(ext):
@@ -55,12 +78,12 @@ def test_channel_path_hands_back_what_it_was_not_told_about(ext):
     B = torch.zeros(32, 64, dtype=torch.int8)
     scale = torch.ones(32, 1)
     for bias in (None, torch.zeros(32)):
-        assert ext.run_channel(x, B, scale, bias, 0, 0) is None
+        assert ext.run_channel(x, B, scale, bias, 0, 0, True) is None
     before = ext.channel_count()
     ext.register_quant_token(0, torch.empty(0, dtype=torch.float16), 64, 1, 256, 8, 1, 1056)
     assert ext.register_channel(0, torch.empty(0, dtype=torch.float16), 0, _dequant_plan(ext))
     assert ext.channel_count() == before + 2
-    assert ext.run_channel(x, B, scale, None, 0, 0) is None  # CPU x (and no launch function: never launched)
+    assert ext.run_channel(x, B, scale, None, 0, 0, True) is None  # CPU x (and no launch function: never launched)
 
 
 def test_channel_path_takes_only_dequant_plans(ext):

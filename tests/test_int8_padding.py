@@ -68,6 +68,28 @@ def test_pad_rows_kernel_compiles(arch):
     assert cubin.data[:4] == b"\x7fELF" and name.encode() + b"\0" in cubin.data
 
 
+@pytest.mark.parametrize("arch", [75, 80, "90a"])
+@pytest.mark.parametrize("load_bytes", [1, 2, 4, 8, 16])
+def test_unpad_rows_kernel_compiles(arch, load_bytes):
+    from custom_kernels import nvrtc
+
+    source, name = padding.UNPAD_ROWS_KERNEL
+    cubin = nvrtc.compile_file(source, arch, defines={"LOAD_BYTES": load_bytes})
+    assert cubin.data[:4] == b"\x7fELF" and name.encode() + b"\0" in cubin.data
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float16, torch.int32])
+def test_unpad_rows_on_the_cpu_is_the_slice(dtype):
+    D_pad = torch.arange(5 * 16).reshape(5, 16).to(dtype)
+    D = padding.unpad_rows(D_pad, 13)
+    assert D.shape == (5, 13) and D.is_contiguous() and torch.equal(D, D_pad[:, :13])
+    out = torch.zeros(5, 13, dtype=dtype)
+    assert padding.unpad_rows(D_pad, 13, out) is out and torch.equal(out, D_pad[:, :13])
+    assert padding.unpad_rows(D_pad, 16) is D_pad
+    one = padding.unpad_rows(D_pad[:1], 13)  # one row: the slice itself, already contiguous
+    assert one.is_contiguous() and one.data_ptr() == D_pad.data_ptr()
+
+
 def test_alignments_are_16_bytes_of_D():
     """What the sizes are rounded to: K to 16 int8 elements, N to 16 bytes of D (2.x int32: 8 elements)."""
     assert ALIGNMENT_K == 16

@@ -220,6 +220,7 @@ def test_kernel_args_name_the_kernel_parameters():
              (gemm_small_m.GemmSmallMArgs, "gemm_small_m.cu", "gemm_small_m_mt##MT"),
              (gemm_small_m.GemmSmallMArgs, "gemm_wgmma.cu", "gemm_wgmma_mt##MT"),  # build_staged packs both
              (dequant_cublas.DequantArgs, "dequant_weight.cu", "dequant_weight"),
-             (padding.PadRowsArgs, "pad_rows.cu", "pad_rows_i8")]  # the int8 GEMMs' A padding
+             (padding.PadRowsArgs, "pad_rows.cu", "pad_rows_i8"),  # the int8 GEMMs' A padding
+             (padding.UnpadRowsArgs, "unpad_rows.cu", "unpad_rows")]  # and their D on a padded N
     for args, filename, anchor in cases:
         assert [f[0] for f in args._fields_] == _parameters(filename, anchor), (args.__name__, filename)

@@ -1,7 +1,9 @@
 // The per-call host path of cutlass_ops.int8_gemm in C++ (a torch extension): check the epilogue
 // tensors and D, allocate D, patch the operand pointers into a prepared Params and launch. And the
 // eager forward of QuantLinear(mode="w8a8_channel") in one call (run_channel): the per-token
-// quantization kernel (quant_token.cu) into fresh A_q and s, then the registered dequant GEMM.
+// quantization kernel (quant_token.cu) into fresh A_q and s, then the registered dequant GEMM. An N the
+// kernel cannot store runs here too once Python padded that weight (register_padded): the GEMM on
+// B's padded copy into a fresh D_pad, then unpad_rows.cu into D.
 //
 // Why: the same steps in Python cost 8-10 us per call (about 25 tensor-method calls and the
 // bookkeeping around them); here they cost about one. Python keeps every rule and every error
@@ -24,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -118,6 +121,67 @@ bool finite_checked(const at::Tensor& t) {
   return hit != g_finite.end() && hit->second.version == version_of(t);
 }
 
+// Weight-side padded copies Python made for an N the kernels cannot store (cutlass_ops/cutlass/padding.py:
+// B [N_pad, K] and per-column inputs [N_pad], kept there per tensor version), by (tensor, N_pad). The copy is
+// held weakly: Python's memo owns it, so it is freed with the tensor as before; a lookup that finds it gone
+// or the tensor changed in place hands the call back to Python.
+struct PaddedKey {
+  const c10::TensorImpl* impl;
+  int64_t rows;
+  bool operator==(const PaddedKey& o) const { return impl == o.impl && rows == o.rows; }
+};
+struct PaddedKeyHash {
+  size_t operator()(const PaddedKey& k) const {
+    return std::hash<const void*>()(k.impl) ^ (static_cast<uint64_t>(k.rows) * 0x9E3779B97F4A7C15ull);
+  }
+};
+struct PaddedCopy {
+  WeakImpl of;  // keeps the padded tensor's impl memory: a hit is the same tensor
+  int64_t version;
+  WeakImpl copy;
+};
+std::unordered_map<PaddedKey, PaddedCopy, PaddedKeyHash>& g_padded =
+    *new std::unordered_map<PaddedKey, PaddedCopy, PaddedKeyHash>();
+constexpr size_t kPaddedKept = 4096;  // as padding.KEPT; past that the table starts over
+
+// The registered copy of t with `rows` rows (B) or elements (a per-column input), or an undefined tensor.
+at::Tensor padded_copy(const at::Tensor& t, int64_t rows) {
+  auto hit = g_padded.find(PaddedKey{t.unsafeGetTensorImpl(), rows});
+  if (hit == g_padded.end() || hit->second.version != version_of(t)) return at::Tensor();
+  auto strong = hit->second.copy.lock();
+  if (!strong) return at::Tensor();
+  return at::Tensor(std::move(strong));
+}
+
+// unpad_rows (custom_kernels/kernels/unpad_rows.cu) per (device, load width): D = D_pad[:, :N].
+struct UnpadLaunch {
+  CUfunction function;
+  int64_t max_blocks;  // blocks of 256 threads, one 16-byte vector per thread and trip
+  CUlaunchAttribute attr;
+  bool pdl;
+};
+std::unordered_map<int64_t, UnpadLaunch>& g_unpad = *new std::unordered_map<int64_t, UnpadLaunch>();
+
+int64_t unpad_key(int64_t device, int64_t width) { return device * 32 + width; }
+
+CUresult launch_unpad(const UnpadLaunch& u, uint64_t src, uint64_t dst, int64_t M, int64_t row_bytes,
+                      int64_t src_pitch, int64_t stream) {
+  int64_t total = M * row_bytes;
+  int32_t row = static_cast<int32_t>(row_bytes), pitch = static_cast<int32_t>(src_pitch);
+  void* args[] = {&src, &dst, &total, &row, &pitch};  // padding.UnpadRowsArgs' order
+  const int64_t vecs = (total + 15) / 16;
+  CUlaunchAttribute attr = u.attr;
+  CUlaunchConfig config{};
+  config.gridDimX = static_cast<unsigned>(std::max<int64_t>(1, std::min((vecs + 255) / 256, u.max_blocks)));
+  config.gridDimY = config.gridDimZ = 1;
+  config.blockDimX = 256;
+  config.blockDimY = config.blockDimZ = 1;
+  config.hStream = reinterpret_cast<CUstream>(stream);
+  config.attrs = u.pdl ? &attr : nullptr;
+  config.numAttrs = u.pdl ? 1 : 0;
+  return g_launch(&config, u.function, args, nullptr);
+}
+
 // Whether the byte spans of two contiguous tensors intersect (`out` must not alias A or B).
 bool overlaps(uint64_t a, int64_t a_bytes, uint64_t b, int64_t b_bytes) {
   return a < b + static_cast<uint64_t>(b_bytes) && b < a + static_cast<uint64_t>(a_bytes);
@@ -169,6 +233,25 @@ void mark_finite(const std::vector<at::Tensor>& tensors) {
 }
 
 int64_t finite_count() { return static_cast<int64_t>(g_finite.size()); }
+
+// Python's padded copy of t (B with N_pad rows, or a per-column input of N_pad elements) at t's current version.
+void register_padded(const at::Tensor& t, int64_t rows, const at::Tensor& copy) {
+  if (g_padded.size() >= kPaddedKept) g_padded.clear();
+  g_padded.insert_or_assign(PaddedKey{t.unsafeGetTensorImpl(), rows},
+                            PaddedCopy{WeakImpl(t.getIntrusivePtr()), version_of(t), WeakImpl(copy.getIntrusivePtr())});
+}
+
+int64_t padded_count() { return static_cast<int64_t>(g_padded.size()); }
+
+// The unpad_rows function built with LOAD_BYTES = width for `device` (padding.unpad_rows' launch).
+void register_unpad(int64_t device, int64_t width, int64_t function, int64_t max_blocks, bool pdl) {
+  TORCH_CHECK(function != 0 && max_blocks > 0 && (width == 1 || width == 2 || width == 4 || width == 8 || width == 16),
+              "register_unpad: bad launch parameters");
+  UnpadLaunch u{reinterpret_cast<CUfunction>(function), max_blocks, CUlaunchAttribute{}, pdl};
+  u.attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  u.attr.value.programmaticStreamSerializationAllowed = 1;
+  g_unpad[unpad_key(device, width)] = u;
+}
 
 int64_t register_plan(int64_t slot_A, int64_t slot_B, int64_t slot_C, int64_t slot_D, bool c_is_d, int64_t always,
                       int64_t align_D, const at::Tensor& out_example,
@@ -252,15 +335,30 @@ bool register_params(int64_t plan_id, int64_t M, int64_t N, int64_t K, int64_t n
 // for the Python path; an int is a failed launch's CUresult.
 // need_finite: cutlass_ops.int8_gemm's call, whose per-column inputs must have been checked for NaN / Inf
 // (the library's own callers pass false: their inputs are module buffers checked where they are made).
+// padded: an N this kernel cannot store may run on its padded problem (Python's rule: Int8Gemm.any_n_for
+// chose no any-N kernel, and no CUDA graph is being captured, since the copies are kept per tensor).
 py::object run(int64_t plan_id, const at::Tensor& A, const at::Tensor& B, int64_t device, py::handle out_obj,
-               py::dict inputs, int64_t stream, bool need_finite) {
+               py::dict inputs, int64_t stream, bool need_finite, bool padded) {
   Plan& p = *g_plans[plan_id];
   const int64_t M = A.size(0), K = A.size(1), N = B.size(0);
-  if (M == 0 || N == 0 || K == 0 || K % 16 || N % p.align_D || g_launch == nullptr) return py::none();
+  if (M == 0 || N == 0 || K == 0 || K % 16 || g_launch == nullptr) return py::none();
   const int dev = static_cast<int>(device);
+  int64_t N_pad = N;
+  at::Tensor B_pad;  // the padded problem's B: Python's kept copy
+  const UnpadLaunch* unpad = nullptr;
+  if (N % p.align_D) {
+    if (!padded) return py::none();
+    N_pad = (N + p.align_D - 1) / p.align_D * p.align_D;
+    B_pad = padded_copy(B, N_pad);
+    auto found = g_unpad.find(unpad_key(device, std::gcd<int64_t>(N * at::elementSize(p.out_dtype), 16)));
+    if (!B_pad.defined() || B_pad.size(1) != K || found == g_unpad.end()) return py::none();
+    unpad = &found->second;
+  }
+  const bool pad = B_pad.defined();
+  at::Tensor kept[kMaxPointers];  // the padded per-column inputs, alive until the launch
   uint64_t ptr[kMaxPointers] = {0};
   ptr[p.slot_A] = reinterpret_cast<uint64_t>(A.data_ptr());
-  ptr[p.slot_B] = reinterpret_cast<uint64_t>(B.data_ptr());
+  ptr[p.slot_B] = reinterpret_cast<uint64_t>((pad ? B_pad : B).data_ptr());
   uint64_t misaligned = ptr[p.slot_A] | ptr[p.slot_B];
   int64_t nonnull = p.always;
   Py_ssize_t given = 0;
@@ -278,17 +376,26 @@ py::object run(int64_t plan_id, const at::Tensor& A, const at::Tensor& B, int64_
     // Python raises for these: an input asking for a gradient, a per-column input not yet checked.
     if (t.requires_grad() && at::GradMode::is_enabled()) return py::none();
     if (need_finite && in.kind == 1 && !finite_checked(t)) return py::none();
-    const uint64_t q = reinterpret_cast<uint64_t>(t.data_ptr());
+    uint64_t q = reinterpret_cast<uint64_t>(t.data_ptr());
+    if (pad && in.kind != 0) {  // per-column inputs: their kept copies; matrix inputs are padded per call (Python)
+      if (in.kind == 2) return py::none();
+      kept[in.slot] = padded_copy(t, N_pad);
+      if (!kept[in.slot].defined()) return py::none();
+      q = reinterpret_cast<uint64_t>(kept[in.slot].data_ptr());
+    }
     ptr[in.slot] = q;
     misaligned |= q;
     nonnull |= int64_t{1} << in.slot;
   }
   if (given != PyDict_Size(inputs.ptr())) return py::none();  // an input this epilogue does not take
-  State* state = find_state(p, M, N, K, nonnull, dev);
+  State* state = find_state(p, M, N_pad, K, nonnull, dev);
   if (state == nullptr) return py::none();
+  // D_pad before D, as the Python path allocates them: a Sm90 pointer set it registered comes back
+  at::Tensor D_pad = pad ? at::empty({M, N_pad}, A.options().dtype(p.out_dtype)) : at::Tensor();
+  const bool row_view = pad && M == 1 && out_obj.is_none();  // D is D_pad's one row, contiguous as it is
   at::Tensor out;
   if (out_obj.is_none()) {
-    out = at::empty({M, N}, A.options().dtype(p.out_dtype));
+    if (!row_view) out = at::empty({M, N}, A.options().dtype(p.out_dtype));
   } else {
     if (!THPVariable_Check(out_obj.ptr())) return py::none();
     out = THPVariable_Unpack(out_obj.ptr());
@@ -296,17 +403,26 @@ py::object run(int64_t plan_id, const at::Tensor& A, const at::Tensor& B, int64_
         !out.is_contiguous() || out.get_device() != dev)
       return py::none();
     const uint64_t d = reinterpret_cast<uint64_t>(out.data_ptr());
-    if (overlaps(d, out.nbytes(), ptr[p.slot_A], A.nbytes()) || overlaps(d, out.nbytes(), ptr[p.slot_B], B.nbytes()))
+    if (overlaps(d, out.nbytes(), ptr[p.slot_A], A.nbytes()) ||
+        overlaps(d, out.nbytes(), reinterpret_cast<uint64_t>(B.data_ptr()), B.nbytes()))
       return py::none();  // Python raises: the kernel would read what it writes
   }
-  ptr[p.slot_D] = reinterpret_cast<uint64_t>(out.data_ptr());
+  if (!pad) D_pad = out;
+  if (pad && !row_view) misaligned |= reinterpret_cast<uint64_t>(out.data_ptr());  // unpad_rows: 16-byte stores
+  ptr[p.slot_D] = reinterpret_cast<uint64_t>(D_pad.data_ptr());
   misaligned |= ptr[p.slot_D];
   if (p.c_is_d) ptr[p.slot_C] = ptr[p.slot_D];  // 2.x LinearCombination reads C only when beta != 0
   if (misaligned & 15) return py::none();
   void* rebuilt = nullptr;
   void** args = kernel_params(*state, ptr, rebuilt);
   if (args == nullptr) return py::none();  // Python builds (and registers) them
-  const CUresult err = launch(*state, args, stream);
+  CUresult err = launch(*state, args, stream);
+  if (err != CUDA_SUCCESS) return py::int_(static_cast<int>(err));
+  if (!pad) return py::cast(out);
+  if (row_view) return py::cast(D_pad.narrow(1, 0, N));
+  const int64_t size = at::elementSize(p.out_dtype);
+  err = launch_unpad(*unpad, ptr[p.slot_D], reinterpret_cast<uint64_t>(out.data_ptr()), M, N * size, N_pad * size,
+                     stream);
   if (err != CUDA_SUCCESS) return py::int_(static_cast<int>(err));
   return py::cast(out);
 }
@@ -400,10 +516,11 @@ bool register_channel(int64_t device, const at::Tensor& x_example, int64_t act, 
 // act((quantize_per_token(x) @ B^T) * s * scale + bias) as [..., N] in x's dtype, or None for the Python
 // path (which raises the precise error, or prepares what is missing and registers it); nothing is
 // launched before every check passed. x [..., K] float16 / bfloat16 / float32, contiguous; B [N, K] int8;
-// scale [N] (or [N, 1]) float32; bias None or float32 [N] (the caller's float32 copy). On a failed launch,
-// (0 for quant_token or 1 for the GEMM, the CUresult).
+// scale [N] (or [N, 1]) float32; bias None or float32 [N] (the caller's float32 copy). padded: an N the bucket's
+// kernel cannot store may run on its registered padded copies (false while a CUDA graph is captured). On a
+// failed launch, (0 for quant_token, 1 for the GEMM or 2 for unpad_rows, the CUresult).
 py::object run_channel(const at::Tensor& x, const at::Tensor& B, const at::Tensor& scale, py::handle bias_obj,
-                       int64_t act, int64_t stream) {
+                       int64_t act, int64_t stream, bool padded) {
   const int dev = static_cast<int>(x.get_device());  // -1 on the CPU
   if (g_launch == nullptr || dev < 0 || x.dim() < 1 || !is_token_dtype(x.scalar_type()) || !x.is_contiguous() ||
       !no_grad_wanted(x))
@@ -425,37 +542,59 @@ py::object run_channel(const at::Tensor& x, const at::Tensor& B, const at::Tenso
   auto quant = g_quant.find(QuantKey{dev, dtype, K});
   auto gemms = g_channel.find(ChannelKey{dev, dtype, act});
   if (quant == g_quant.end() || gemms == g_channel.end()) return py::none();
-  // The Python path's allocations, in its order (A_q, s, D): a pointer set it registered comes back.
+  // The plan of M's bucket holds the state of this M, or (an N it cannot store) the any-N plan, or, where
+  // Python ran the padded problem (padded: not while a graph is captured), the bucket's plan at N_pad.
+  State* state = nullptr;
+  const ChannelGemm* gemm = nullptr;
+  int64_t N_pad = N;
+  at::Tensor B_pad, scale_pad, bias_pad;  // the kept padded copies (undefined: not padded)
+  const UnpadLaunch* unpad = nullptr;
+  for (const ChannelGemm& g : gemms->second) {
+    Plan& p = *g_plans[g.plan_id];
+    int64_t rows = N;
+    if (N % p.align_D) {
+      if (!padded) continue;
+      rows = (N + p.align_D - 1) / p.align_D * p.align_D;
+      auto found = g_unpad.find(unpad_key(dev, std::gcd<int64_t>(N * at::elementSize(p.out_dtype), 16)));
+      B_pad = padded_copy(B, rows);
+      scale_pad = padded_copy(scale, rows);
+      bias_pad = bias.defined() ? padded_copy(bias, rows) : at::Tensor();
+      if (found == g_unpad.end() || !B_pad.defined() || !scale_pad.defined() || (bias.defined() && !bias_pad.defined()))
+        continue;
+      unpad = &found->second;
+    }
+    int64_t nonnull = p.always | (int64_t{1} << g.slot_scale_row) | (int64_t{1} << g.slot_scale_col);
+    if (bias.defined()) nonnull |= int64_t{1} << g.slot_bias;
+    state = find_state(p, M, rows, K, nonnull, dev);
+    if (state != nullptr) {
+      gemm = &g;
+      N_pad = rows;
+      break;
+    }
+  }
+  if (state == nullptr) return py::none();
+  const bool pad = N_pad != N;
+  Plan& p = *g_plans[gemm->plan_id];
+  // The Python path's allocations, in its order (A_q, s, D, or A_q, s, D_pad, D): a pointer set it registered
+  // comes back.
   at::Tensor A_q = at::empty({M, K}, x.options().dtype(at::kChar));
   at::Tensor s = at::empty({M, 1}, x.options().dtype(at::kFloat));
+  at::Tensor D_pad = pad ? at::empty({M, N_pad}, x.options()) : at::Tensor();
   std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
   out_sizes.back() = N;
   at::Tensor out = at::empty(out_sizes, x.options());
+  if (!pad) D_pad = out;
   uint64_t ptr[kMaxPointers] = {0};
-  State* state = nullptr;
-  // The plan of M's bucket holds the state of this M (or, for an N it cannot store, the any-N plan)
-  for (const ChannelGemm& g : gemms->second) {
-    Plan& p = *g_plans[g.plan_id];
-    if (N % p.align_D) continue;
-    std::memset(ptr, 0, sizeof(ptr));
-    ptr[p.slot_A] = reinterpret_cast<uint64_t>(A_q.data_ptr());
-    ptr[p.slot_B] = reinterpret_cast<uint64_t>(B.data_ptr());
-    ptr[p.slot_D] = reinterpret_cast<uint64_t>(out.data_ptr());
-    if (p.c_is_d) ptr[p.slot_C] = ptr[p.slot_D];
-    ptr[g.slot_scale_row] = reinterpret_cast<uint64_t>(s.data_ptr());
-    ptr[g.slot_scale_col] = reinterpret_cast<uint64_t>(scale.data_ptr());
-    int64_t nonnull = p.always | (int64_t{1} << g.slot_scale_row) | (int64_t{1} << g.slot_scale_col);
-    if (bias.defined()) {
-      ptr[g.slot_bias] = reinterpret_cast<uint64_t>(bias.data_ptr());
-      nonnull |= int64_t{1} << g.slot_bias;
-    }
-    uint64_t misaligned = 0;
-    for (uint64_t q : ptr) misaligned |= q;
-    if (misaligned & 15) return py::none();  // Python raises (a bias or scale with a storage offset)
-    state = find_state(p, M, N, K, nonnull, dev);
-    if (state != nullptr) break;
-  }
-  if (state == nullptr) return py::none();
+  ptr[p.slot_A] = reinterpret_cast<uint64_t>(A_q.data_ptr());
+  ptr[p.slot_B] = reinterpret_cast<uint64_t>((pad ? B_pad : B).data_ptr());
+  ptr[p.slot_D] = reinterpret_cast<uint64_t>(D_pad.data_ptr());
+  if (p.c_is_d) ptr[p.slot_C] = ptr[p.slot_D];
+  ptr[gemm->slot_scale_row] = reinterpret_cast<uint64_t>(s.data_ptr());
+  ptr[gemm->slot_scale_col] = reinterpret_cast<uint64_t>((pad ? scale_pad : scale).data_ptr());
+  if (bias.defined()) ptr[gemm->slot_bias] = reinterpret_cast<uint64_t>((pad ? bias_pad : bias).data_ptr());
+  uint64_t misaligned = pad ? reinterpret_cast<uint64_t>(out.data_ptr()) : 0;  // unpad_rows: 16-byte stores
+  for (uint64_t v : ptr) misaligned |= v;
+  if (misaligned & 15) return py::none();  // Python raises (a bias or scale with a storage offset)
   void* rebuilt = nullptr;
   void** gemm_args = kernel_params(*state, ptr, rebuilt);
   if (gemm_args == nullptr) return py::none();  // a new Sm90 pointer set: Python builds its Params
@@ -476,6 +615,12 @@ py::object run_channel(const at::Tensor& x, const at::Tensor& B, const at::Tenso
   if (err != CUDA_SUCCESS) return py::make_tuple(0, static_cast<int>(err));
   err = launch(*state, gemm_args, stream);
   if (err != CUDA_SUCCESS) return py::make_tuple(1, static_cast<int>(err));
+  if (pad) {
+    const int64_t size = at::elementSize(p.out_dtype);
+    err = launch_unpad(*unpad, ptr[p.slot_D], reinterpret_cast<uint64_t>(out.data_ptr()), M, N * size,
+                       N_pad * size, stream);
+    if (err != CUDA_SUCCESS) return py::make_tuple(2, static_cast<int>(err));
+  }
   return py::cast(out);
 }
 
@@ -495,6 +640,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("run", &run);
   m.def("mark_finite", &mark_finite);
   m.def("finite_count", &finite_count);
+  m.def("register_padded", &register_padded);
+  m.def("padded_count", &padded_count);
+  m.def("register_unpad", &register_unpad);
   m.def("state_count", &state_count);
   m.def("register_quant_token", &register_quant_token);
   m.def("register_channel", &register_channel);

@@ -47,15 +47,16 @@ class FastPath:
         return cls(ext, plan_id, kernel)
 
     def run(self, A: torch.Tensor, B: torch.Tensor, device: int, out: torch.Tensor | None,
-            inputs: dict[str, Any], need_finite: bool = False) -> torch.Tensor | None:
+            inputs: dict[str, Any], need_finite: bool = False, padded: bool = False) -> torch.Tensor | None:
         """D, or None for the Python path; ``need_finite``: hand back per-column inputs not marked as
-        checked for NaN / Inf (:meth:`mark_finite`), as ``cutlass_ops.int8_gemm`` requires."""
+        checked for NaN / Inf (:meth:`mark_finite`), as ``cutlass_ops.int8_gemm`` requires; ``padded``: an N
+        the kernel cannot store may run on the padded copies registered by :meth:`register_padded`."""
         if device != current_device():  # the C++ launch runs in the current context: Python switches it
             return None
-        D = self._ext.run(self._id, A, B, device, out, inputs, raw_stream(device), need_finite)
+        D = self._ext.run(self._id, A, B, device, out, inputs, raw_stream(device), need_finite, padded)
         if D.__class__ is int:  # the launch failed: decode the CUresult
             D = retry_in_context(D, device, lambda: self._ext.run(self._id, A, B, device, out, inputs,
-                                                                  raw_stream(device), need_finite))
+                                                                  raw_stream(device), need_finite, padded))
             if D.__class__ is int:
                 check((D,), f"cuLaunchKernelEx({self._kernel.name})")
         return D
@@ -81,6 +82,16 @@ class FastPath:
             if params is not None and not self._ext.register_params(self._id, M, N, K, nonnull, device,
                                                                      list(pointers), bytes(params)):
                 self._registered.discard(key)  # the extension's table started over: register again next call
+
+    def register_padded(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], N_pad: int,
+                        unpad: tuple[int, int, int, int, bool] | None) -> None:
+        """The kept padded copies of a padded-N call (B and its per-column inputs, each (tensor, copy) with
+        N_pad rows or elements) and the unpad_rows launch it used ((device, load width, CUfunction, most
+        blocks, PDL); None: the call needed none), so that the next such call runs in C++."""
+        for t, copy in pairs:
+            self._ext.register_padded(t, N_pad, copy)
+        if unpad is not None:
+            self._ext.register_unpad(*unpad)
 
     def mark_finite(self, tensors: list[torch.Tensor]) -> None:
         """Tell the extension these per-column inputs were checked for NaN / Inf (until changed in place)."""

@@ -16,10 +16,12 @@ The padded problem is
     matrix inputs [M, N] -> [M, N_pad] (zero columns)                       per call
     per_row inputs and scalars                                              as they are
 
-and D = D_pad[:, :N] (N_pad = N on the any-N kernels: D_pad is D). K_pad is a multiple of 128 where that adds at
+and D = D_pad[:, :N] (N_pad = N on the any-N kernels: D_pad is D; else one ``unpad_rows`` launch,
+custom_kernels/kernels/unpad_rows.cu, the GEMM's programmatic dependent on sm_90). K_pad is a multiple of 128 where that adds at
 most K / 32 columns (:func:`padded_K`): the Sm90 kernels' TMA boxes are 128 bytes of a row, and rows that start
 off a 128-byte boundary ran slower (H200, M = 64, N = 1024: K = 4112 13.0 us, 4224 8.5, 4096 8.3). A_pad is made
-by one ``pad_rows_i8`` launch on CUDA tensors (custom_kernels/kernels/pad_rows.cu), F.pad elsewhere. Zero columns
+by one ``pad_rows_i8`` launch on CUDA tensors (custom_kernels/kernels/pad_rows.cu; on sm_90 a programmatic
+dependent of the kernel before it, releasing the GEMM after it), F.pad elsewhere. Zero columns
 along K add 0 to each
 int32 accumulator, so D is exactly the unpadded D; the N_pad - N extra columns of D_pad are computed and
 dropped. B and the per-column inputs are weight-side constants, so their padded copies are kept
@@ -30,21 +32,22 @@ path does.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
-from custom_kernels.device import sm_count
-from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
+from custom_kernels.device import capability, sm_count
+from custom_kernels.launch import I32, I64, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel, pdl_enabled
 
 from cutlass_ops.graph_pool import outside_graph_pool
 from cutlass_ops.plan_cache import TensorMemo
 
 from .tuning import ALIGNMENT_K
 
-__all__ = ["KEPT", "PAD_ROWS_KERNEL", "round_up", "padded_K", "padded_sizes", "needs_padding", "pad_columns", "pad_rows", "pad_weight",
-           "pad_per_col", "pad_operands"]
+__all__ = ["KEPT", "PAD_ROWS_KERNEL", "UNPAD_ROWS_KERNEL", "round_up", "padded_K", "padded_sizes", "needs_padding",
+           "pad_columns", "pad_rows", "unpad_rows", "unpad_load_bytes", "unpad_registration", "pad_weight", "pad_per_col", "pad_operands"]
 
 ROW_BYTES_TMA = 128  # bytes of a row in one TMA box of the Sm90 kernels
 
@@ -89,7 +92,24 @@ class PadRowsArgs(KernelArgs):
     _fields_ = [("X", Ptr), ("Y", Ptr), ("M", I32), ("K", I32), ("K_pad", I32)]
 
 
-_pad_launches: dict[tuple[int, int], Launch] = {}  # (device, blocks) -> the pad_rows_i8 launch (<= 4 x SMs each)
+_launches: dict[tuple, Launch] = {}  # (kernel, device, blocks, defines) -> its launch
+
+
+def _launch(source: str, name: str, defines: dict, args: type[KernelArgs], device: int, blocks: int) -> Launch:
+    """The launch of one of this module's copy kernels: ``blocks`` x 256 threads, as a programmatic dependent
+    on sm_90+ (they wait for the grid before them, then release the next: ``pdl.cuh``)."""
+    key = (name, device, blocks, tuple(sorted(defines.items())))
+    launch = _launches.get(key)
+    if launch is None:
+        kernel = load_kernel(source, name, defines, device=device)
+        pdl = capability(device) >= 90 and pdl_enabled()
+        launch = _launches[key] = Launch(kernel, LaunchConfig.of(blocks, 256, pdl=pdl), args(), device)
+    return launch
+
+
+def _blocks(vectors: int, device: int) -> int:
+    """Blocks of 256 threads for one 16-byte vector per thread and trip, at most 4 per SM."""
+    return max(1, min(-(-vectors // 256), 4 * sm_count(device)))
 
 
 def pad_rows(A: torch.Tensor, K_pad: int) -> torch.Tensor:
@@ -104,14 +124,60 @@ def pad_rows(A: torch.Tensor, K_pad: int) -> torch.Tensor:
         raise TypeError(f"pad_rows takes int8 rows, got {A.dtype}")
     A = A.contiguous()  # the kernel reads rows of K bytes back to back
     device = A.get_device()
-    blocks = min(-(-M * K_pad // 16 // 256), 4 * sm_count(device))  # one 16-byte vector per thread and trip
-    launch = _pad_launches.get((device, blocks))
-    if launch is None:
-        kernel = load_kernel(*PAD_ROWS_KERNEL, device=device)
-        launch = _pad_launches[(device, blocks)] = Launch(kernel, LaunchConfig.of(blocks, 256), PadRowsArgs(), device)
+    launch = _launch(*PAD_ROWS_KERNEL, PadRowsArgs, device, _blocks(M * K_pad // 16, device))
     Y = torch.empty(M, K_pad, dtype=torch.int8, device=A.device)
     launch(X=A.data_ptr(), Y=Y.data_ptr(), M=M, K=K, K_pad=K_pad)
     return Y
+
+
+UNPAD_ROWS_KERNEL = ("unpad_rows.cu", "unpad_rows")  # (source, kernel) of D = D_pad[:, :N]; defines: LOAD_BYTES
+
+
+class UnpadRowsArgs(KernelArgs):
+    _fields_ = [("X", Ptr), ("Y", Ptr), ("total_bytes", I64), ("row_bytes", I32), ("src_pitch", I32)]
+
+
+def _unpad_launch(device: int, load_bytes: int, blocks: int) -> Launch:
+    return _launch(*UNPAD_ROWS_KERNEL, {"LOAD_BYTES": load_bytes}, UnpadRowsArgs, device, blocks)
+
+
+def unpad_load_bytes(N: int, element_size: int) -> int:
+    """unpad_rows' load width for rows of N elements: gcd(row bytes, 16)."""
+    return math.gcd(N * element_size, 16)
+
+
+def unpad_registration(device: int, N: int, element_size: int) -> tuple[int, int, int, int, bool]:
+    """(device, load width, CUfunction, most blocks, PDL) of unpad_rows for rows of N elements: what the C++
+    per-call path needs to launch it (it sizes the grid as :func:`unpad_rows` does)."""
+    width = unpad_load_bytes(N, element_size)
+    most = 4 * sm_count(device)
+    shape = _unpad_launch(device, width, most).shape
+    return device, width, int(shape.function), most, bool(shape.pdl)
+
+
+def unpad_rows(D_pad: torch.Tensor, N: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``D_pad[:, :N]`` as a contiguous [M, N] (written into ``out`` when given, a contiguous tensor of D_pad's
+    type): one ``unpad_rows`` launch for a CUDA D_pad of 16-byte aligned rows into a 16-byte aligned D, torch's
+    strided copy otherwise. On sm_90+ the launch is the GEMM's programmatic dependent (the Sm90 GEMMs release
+    theirs after their last mainloop), so it does not wait for the GEMM's end to be scheduled."""
+    M, N_pad = D_pad.shape
+    if N == N_pad:
+        return D_pad if out is None else out.copy_(D_pad)
+    if out is None and M == 1:
+        return D_pad[:, :N]  # one row: contiguous as it is
+    if out is None:
+        out = torch.empty(M, N, dtype=D_pad.dtype, device=D_pad.device)
+    size = D_pad.element_size()
+    pitch = D_pad.stride(0) * size
+    if not (D_pad.is_cuda and M and D_pad.stride(1) == 1 and not pitch % 16 and not D_pad.data_ptr() % 16
+            and not out.data_ptr() % 16 and out.is_contiguous()):
+        return out.copy_(D_pad[:, :N])
+    row_bytes = N * size
+    device = D_pad.get_device()
+    total = M * row_bytes
+    launch = _unpad_launch(device, unpad_load_bytes(N, size), _blocks(-(-total // 16), device))
+    launch(X=D_pad.data_ptr(), Y=out.data_ptr(), total_bytes=total, row_bytes=row_bytes, src_pitch=pitch)
+    return out
 
 
 def _memoized(t: torch.Tensor, key: tuple[int, int], make: Callable[[], torch.Tensor]) -> torch.Tensor:

@@ -28,7 +28,7 @@ from custom_kernels.device import capability, sm_count
 from .build import build, lookup
 from .fast import FastPath
 from .kernel import GemmKernel
-from .padding import pad_operands, padded_sizes
+from .padding import pad_operands, padded_sizes, unpad_registration, unpad_rows
 from .spec import GemmKernelSpec
 from .tuning import (ALIGNMENT_K, ANY_N_LARGE_TILE, ANY_N_NARROW_TILE, ANY_N_TILE, BUCKETS, any_n_spec, bucket_limits,
                      kernel_spec, resolve_arch, target_arch_for)
@@ -36,6 +36,11 @@ from .tuning import (ALIGNMENT_K, ANY_N_LARGE_TILE, ANY_N_NARROW_TILE, ANY_N_TIL
 log = logging.getLogger(__name__)
 
 __all__ = ["Int8Gemm", "get_plan", "plan_for", "check_sizes"]
+
+# pads_N on Sm90 plans: padded at M <= this, and where the any-N grid has at least this many waves of CTAs (1.9:
+# the H200's M = 1024, N = 1000 int8 D any-N grid of 256 CTAs on 132 SMs is one where padding won)
+PADDED_N_MAX_SMALL_M = 64
+PADDED_N_WAVES = 1.9
 
 _DTYPE_NAMES = {torch.int32: "s32", torch.int8: "s8", torch.float16: "f16", torch.bfloat16: "bf16",
                 torch.float32: "f32"}
@@ -102,7 +107,9 @@ class Int8Gemm:
         The C++ path takes a shape seen before unless it hands the call back (None)."""
         fast = self._fast
         if fast:
-            D = fast.run(A, B, device, out, inputs)
+            N = B.shape[0]
+            D = fast.run(A, B, device, out, inputs, False,
+                         bool(N % self.spec.alignment_D) and self.any_n_for(A.shape[0], N, device) is None)
             if D is not None:
                 return D
         K, N = A.shape[1], B.shape[0]
@@ -126,7 +133,8 @@ class Int8Gemm:
     def _run_padded(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, inputs: dict[str, Any],
                      device: int) -> torch.Tensor:
         """K not a multiple of 16 or N not of alignment_D: this kernel on zero-padded operands (exact:
-        zero K columns add 0 to the accumulator), D = D_pad[:, :N] as a contiguous [M, N] (or in ``out``).
+        zero K columns add 0 to the accumulator), D = D_pad[:, :N] as a contiguous [M, N] (or in ``out``) by one
+        copy kernel (:func:`.padding.unpad_rows`).
 
         The inputs and ``out`` are checked against the caller's M and N first, so errors name those."""
         M, K = A.shape
@@ -143,35 +151,46 @@ class Int8Gemm:
         if N_pad == N:  # only K padded: D_pad is D
             return self.run(A_pad, B_pad, out, inputs_pad, device)
         D_pad = self.run(A_pad, B_pad, None, inputs_pad, device)
-        if out is None:
-            return D_pad[:, :N].contiguous()
-        return out.copy_(D_pad[:, :N])
+        D = unpad_rows(D_pad, N, out)
+        fast = self._fast
+        if fast and K_pad == K and not torch.cuda.is_current_stream_capturing():
+            # B's and the per-column inputs' kept copies (made outside capture): the next call takes C++
+            pairs = [(B, B_pad)] + [(inputs[name], inputs_pad[name]) for name, kind in self._inputs
+                                    if kind == "per_col" and inputs.get(name) is not None]
+            unpad = None if D_pad.shape[0] == 1 and out is None else unpad_registration(device, N, D.element_size())
+            fast.register_padded(pairs, N_pad, unpad)
+        return D
 
     def run_fast(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, inputs: dict[str, Any],
                  device: int) -> torch.Tensor | None:
         """The C++ per-call path alone, for ``cutlass_ops.int8_gemm``: D, or None when it hands the call
         back (then :meth:`run`), which includes per-column inputs not yet marked by :meth:`mark_finite`.
-        An N this kernel cannot store goes to the any-N plan's C++ path (tested only once this one refused)."""
+        An N this kernel cannot store goes to the any-N plan's C++ path, or (:meth:`any_n_for` None) to this
+        plan's on the padded copies registered by the Python path's first such call."""
+        N = B.shape[0]
+        any_n = self.any_n_for(A.shape[0], N, device) if N % self.spec.alignment_D else None
         fast = self._fast
-        D = fast.run(A, B, device, out, inputs, True) if fast else None
-        if D is None:
-            any_n = self.any_n_for(A.shape[0], B.shape[0], device)
-            if any_n is not None:
-                return any_n.run_fast(A, B, out, inputs, device)
+        D = fast.run(A, B, device, out, inputs, True, bool(N % self.spec.alignment_D) and any_n is None) \
+            if fast else None
+        if D is None and any_n is not None:
+            return any_n.run_fast(A, B, out, inputs, device)
         return D
 
     def any_n_for(self, M: int, N: int, device: int) -> "Int8Gemm | None":
-        """The any-N plan for an unaligned N, or None: this plan pads N (Sm75; and M = 1 outside CUDA-graph
-        capture, where D_pad's one row is D already and B's padded copy is kept: 1.00-1.04x the aligned time
-        per element on an H200, against the any-N kernel's 1.4-1.55x; while capturing nothing is kept, so a
-        padded call would copy B in every replay). The wide-tile plan where its tiles fill the SMs (H200,
-        M = 1024: N = 4097 1.70x the aligned time per element against the small tile's 2.48x, but N = 257
-        1.96x against 1.03x: 24 CTAs); the narrow-tile plan where the any-N tile's would not (H200, M = 64:
-        N = 257 1.41-1.55x -> 1.26-1.33x, N = 1000 1.57-1.64x -> 1.45-1.49x; tuning.ANY_N_NARROW_TILE)."""
+        """The any-N plan for an unaligned N, or None: this plan runs on N padded (Sm75 plans; and outside
+        CUDA-graph capture where :meth:`pads_N` says so). While capturing nothing is kept, so a padded call
+        would copy B in every replay: graphs take the any-N kernels (:meth:`_any_n_plan`)."""
         if self.any_n is None or not N % self.spec.alignment_D:
             return None
-        if M == 1 and not torch.cuda.is_current_stream_capturing():
+        if self.pads_N(M, N, device) and not torch.cuda.is_current_stream_capturing():
             return None
+        return self._any_n_plan(M, N, device)
+
+    def _any_n_plan(self, M: int, N: int, device: int) -> "Int8Gemm":
+        """Of the any-N plans, the wide-tile one where its tiles fill the SMs (H200, M = 1024: N = 4097 1.70x the
+        aligned time per element against the small tile's 2.48x, but N = 257 1.96x against 1.03x: 24 CTAs);
+        the narrow-tile one where the any-N tile's would not (H200, M = 64: N = 257 1.41-1.55x -> 1.26-1.33x,
+        N = 1000 1.57-1.64x -> 1.45-1.49x; tuning.ANY_N_NARROW_TILE); else the any-N tile's."""
         sms = sm_count(device)
         wide = self.any_n_wide
         if wide is not None and _ctas(wide, M, N) >= sms:
@@ -180,6 +199,21 @@ class Int8Gemm:
         if narrow is not None and _ctas(self.any_n, M, N) < sms:
             return narrow
         return self.any_n
+
+    def pads_N(self, M: int, N: int, device: int) -> bool:
+        """Whether an unaligned N runs on this plan's kernel over N_pad (B's padded copy kept, then unpad_rows
+        into D) rather than on an any-N kernel, outside graph capture. At M = 1 D_pad's one row is D: 1.00-1.04x
+        the aligned time per element (H200) against the any-N kernel's 1.4-1.55x. On Sm90 plans also at
+        M <= 64, where the any-N kernels are a few CTAs streaming K alone (H200, M = 2..64, N = 257 / 1000 / 4097,
+        K = 4096: 1.12-1.26x against 1.27-1.49x), and where the any-N grid takes about two waves or more of its
+        tiles (M = 1024 N = 1000 int8 D: 1.20x against 1.53x; M = 2048 / 4096 1.22-1.78x against 1.62-2.57x).
+        Between those the any-N kernels won or tied (M = 128..512: the aligned medium tiles are slow there;
+        docs/design.md section 2)."""
+        if M == 1:
+            return True
+        if self.spec.kernel_cc != 90 or self.any_n is None:
+            return False
+        return M <= PADDED_N_MAX_SMALL_M or _ctas(self._any_n_plan(M, N, device), M, N) >= PADDED_N_WAVES * sm_count(device)
 
     def mark_finite(self, tensors: list[torch.Tensor]) -> None:
         """Per-column inputs checked for NaN / Inf, so that the C++ path takes them from now on (the

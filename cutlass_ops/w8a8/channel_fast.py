@@ -6,9 +6,10 @@ The Python path (``torch_ops.linear_w8a8_channel_impl``) stays the reference: it
 GEMM plan of its M bucket (whose own C++ path registers the shape). After it ran, :func:`register` hands
 the extension the quant_token launch of (device, x dtype, K) and that GEMM plan; from then on
 :func:`run` does the same work in one C++ call: check, allocate A_q, s and D, launch quant_token, launch
-the GEMM. Whatever is not the plain case (a CPU or non-contiguous x, an input that wants a gradient, a
-wrong dtype, size or device, N or K that need the padded GEMM, a shape or Sm90 pointer set Python has
-not prepared) comes back as None before any launch, and the caller takes the Python path, which raises
+the GEMM (and, for an N the bucket's kernel cannot store where Python ran it on padded copies, unpad_rows).
+Whatever is not the plain case (a CPU or non-contiguous x, an input that wants a gradient, a wrong dtype,
+size or device, K that needs the padded GEMM, a shape, padded copy or Sm90 pointer set Python has not
+prepared) comes back as None before any launch, and the caller takes the Python path, which raises
 the precise error or prepares what was missing. ``CUTLASS_OPS_HOST_EXT=0`` keeps the Python path.
 
 Importing this module loads no GPU runtime: the extension is bound by the first :func:`register`.
@@ -43,7 +44,10 @@ class _ChannelPath:
             return None
         if bias is not None:
             bias = float32_copy(bias)  # kept per bias version; made inside a CUDA graph capture
-        out = self.ext.run_channel(x, qweight, scale, bias, act, self.raw_stream(device))
+        # an N the kernels' 16-byte stores miss (8 half / 4 float elements) may take Python's kept padded copies,
+        # never into a captured graph (cutlass/plan.py any_n_for)
+        padded = bool(qweight.shape[0] % 8) and not torch.cuda.is_current_stream_capturing()
+        out = self.ext.run_channel(x, qweight, scale, bias, act, self.raw_stream(device), padded)
         if out.__class__ is tuple:
             out = self._failed(out, x, qweight, scale, bias, act, device)
         return out
@@ -54,13 +58,14 @@ class _ChannelPath:
         from custom_kernels.device import check, retry_in_context
 
         which, err = failure
+        padded = bool(qweight.shape[0] % 8) and not torch.cuda.is_current_stream_capturing()
         out = retry_in_context(err, device, lambda: self.ext.run_channel(x, qweight, scale, bias, act,
-                                                                         self.raw_stream(device)))
+                                                                         self.raw_stream(device), padded))
         if out.__class__ is tuple:
             which, err = out
         elif out.__class__ is not int:
             return out
-        kernel = "quant_token" if which == 0 else "the dequant GEMM"
+        kernel = ("quant_token", "the dequant GEMM", "unpad_rows")[which]
         check((err,), f"cuLaunchKernelEx({kernel}) in QuantLinear w8a8_channel's C++ path")
         return None  # unreachable: check raised
 

@@ -24,7 +24,7 @@ ALIASES = {"gemv": ("gemv_mma", "gemv_stream", "gemv_simt"), "gemm": ("gemm_mma"
 SANITIZER_PREFIXES = ("gemv_", "gemm_mma_mt", "gemm_simt", "gemm_small_m", "gemm_wgmma", "conv_", "splitk_reduce", "gather_k", "dequant_", "quantize_q8_1",
                       "test_int", "test_uint", "quant_a_", "precompute_sum_bq", "precompute_bvec", "bias_act_", "w8a8_kblock_gemm",
                       "w8a8_kblock_wgmma", "w8a8_row_planes", "quantize_weight_",
-                      "quant_token_", "pad_rows_")
+                      "quant_token_", "pad_rows_", "unpad_rows")
 
 # Kernels no case can reach, with the reason (checked by --check-coverage). Empty: all are reached.
 UNREACHABLE: dict[str, str] = {}

@@ -2,6 +2,8 @@
 symmetric kernel."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from sanitize.inputs import _activations, _cuda, _vector
@@ -135,8 +137,10 @@ def _build_block_scaled_cases() -> None:
 
 
 def _build_pad_rows_cases() -> None:
-    """int8 GEMMs at K % 16 != 0: A zero-padded by pad_rows_i8 (K to 128 and to 16, ragged rows), then the GEMM."""
-    from cutlass_ops.cutlass.padding import PAD_ROWS_KERNEL
+    """int8 GEMMs at K % 16 != 0: A zero-padded by pad_rows_i8 (K to 128 and to 16, ragged rows), then the GEMM;
+    unpad_rows, the copy of D out of a GEMM's padded N."""
+    from cutlass_ops.cutlass import padding
+    from cutlass_ops.cutlass.padding import PAD_ROWS_KERNEL, UNPAD_ROWS_KERNEL
     import cutlass_ops as ops
 
     for M, N, K in ((129, 200, 4097), (3, 40, 100)):
@@ -146,3 +150,12 @@ def _build_pad_rows_cases() -> None:
             B = torch.randint(-128, 128, (N, K), generator=g, dtype=torch.int8).to(_cuda())
             return ops.int8_gemm(A, B)
         _add(f"pad_rows/M{M}-N{N}-K{K}", "pad_rows", [_ref(PAD_ROWS_KERNEL[0], PAD_ROWS_KERNEL[1])], run)
+    # D = D_pad[:, :N] after a GEMM on a padded N: load widths 8 (int8 N = 1000), 4 (int32 N = 257), 2 (fp16 N = 3,
+    # a last vector shorter than 16 bytes)
+    for M, N, N_pad, dtype in ((64, 1000, 1008, torch.int8), (33, 257, 260, torch.int32), (5, 3, 8, torch.float16)):
+        def run(M=M, N=N, N_pad=N_pad, dtype=dtype):
+            D_pad = torch.randint(-100, 100, (M, N_pad), dtype=torch.int32).to(dtype).to(_cuda())
+            return padding.unpad_rows(D_pad, N)
+        width = math.gcd(N * torch.empty((), dtype=dtype).element_size(), 16)
+        _add(f"unpad_rows/M{M}-N{N}-{str(dtype).split('.')[-1]}", "pad_rows",
+             [_ref(UNPAD_ROWS_KERNEL[0], UNPAD_ROWS_KERNEL[1], {"LOAD_BYTES": width})], run)

@@ -248,8 +248,9 @@ def test_eager_forward_takes_the_cpp_path(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 def test_channel_unaligned_N(dtype):
-    """N = 257 (K = 96): on the family's any-N kernel where it has one (then in C++ too, bit for bit),
-    else on N-padded operands, which only the Python path prepares."""
+    """N = 257 (K = 96): on the family's any-N kernel where it has one, or (Hopper, M = 3 <= 64) on its aligned
+    kernel over N padded, then in C++ too, bit for bit; else (no any-N kernel: Sm75) on N-padded operands,
+    which only the Python path prepares."""
     N, K, M = 257, 96, 3
     q = _channel_layer(N, K, dtype, True)
     x = torch.randn(M, K, dtype=dtype, device="cuda")

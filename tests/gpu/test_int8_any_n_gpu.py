@@ -6,9 +6,10 @@ padded along N: no padded copy of B or of the per-column inputs, D written in pl
 epilogue with every output type it writes, N in {1, 3, 257, 1000, 4097}, M in {1, 3, 64, 130} (every M
 bucket), without and with ``out=``; int32 and int8 results equal the exact product / float64 reference
 bit for bit (power-of-two requant multipliers), float results are held to tests/gpu/test_int8_gemm_gpu.py's
-bound. Also K unaligned on the same kernel (A and B padded along K only) and CUDA-graph replays. M = 1
-outside graph capture pads N instead (the plan's rule, cutlass_ops/cutlass/plan.py ``any_n_for``).
-Padding itself (Sm75, any K): tests/gpu/test_int8_any_shape_gpu.py.
+bound. Also K unaligned on the same kernel (A and B padded along K only) and CUDA-graph replays. Outside
+graph capture the plans pad N instead at M = 1 and, on Sm90 plans, at M <= 64 and on long any-N grids
+(cutlass/plan.py ``pads_N``): these tests keep every M > 1 on the any-N kernels (fixture ``any_n_rule``).
+Padding itself (Sm75, any K, the padded-N rule on Hopper): tests/gpu/test_int8_any_shape_gpu.py.
 """
 from __future__ import annotations
 
@@ -48,6 +49,14 @@ def co():
     if major < 8:
         pytest.skip("any-N kernels are Sm80: this GPU pads N (test_int8_any_shape_gpu.py)")
     return cutlass_ops
+
+
+@pytest.fixture(autouse=True)
+def any_n_rule(monkeypatch):
+    """The any-N kernels under test at every M > 1 (pads_N as before the Hopper padded-N rule: M = 1 only)."""
+    from cutlass_ops.cutlass import plan as plan_module
+
+    monkeypatch.setattr(plan_module.Int8Gemm, "pads_N", lambda self, M, N, device: M == 1)
 
 
 def _ctas(plan, M: int, N: int) -> int:

@@ -6,9 +6,10 @@ int8 results must equal the exact product / the float64 reference bit for bit (p
 multipliers make every int8 value exact); float results are held to the same bound as
 tests/gpu/test_int8_gemm_gpu.py (whose helpers this file uses). Also: every kernel generation, the
 padded weight copied once and again after an in-place change, CUDA-graph replays reading B's current
-values, errors naming the caller's sizes. On GPUs with Sm80 kernels an unaligned N runs on the any-N
-kernels (nothing padded along N; tests/gpu/test_int8_any_n_gpu.py), so the tests of N padding itself
-force ``arch=75``.
+values, errors naming the caller's sizes. Sm80 plans run an unaligned N on the any-N kernels (nothing padded
+along N; tests/gpu/test_int8_any_n_gpu.py), so the tests of Sm75's N padding force ``arch=75``; Sm90 plans pad
+N at M <= 64 and on long any-N grids (cutlass/plan.py ``pads_N``: the last tests here), D taken out of
+D_pad by unpad_rows.
 """
 from __future__ import annotations
 
@@ -102,7 +103,8 @@ def test_every_epilogue_any_N_K(co, name, element, M, N, K, with_out, gen):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_int32_every_generation(co, arch, gen):
-    """int32 D at N = 257: the any-N kernel for Sm90 / Sm80 plans, padded to 264 on Sm75 (8 per store)."""
+    """int32 D at N = 257: the any-N kernel for Sm80 plans, padded to 264 on Sm75 (8 per store) and to 260 on
+    Sm90 (M = 33 <= 64: the aligned kernel, then unpad_rows)."""
     A, B = _int8(33, 1000, generator=gen), _int8(257, 1000, generator=gen)
     D = co.int8_gemm(A, B, arch=arch)
     assert D.shape == (33, 257) and torch.equal(D.long(), _exact(A, B))
@@ -140,8 +142,8 @@ def test_only_K_unaligned_writes_into_out(co, gen):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_only_N_unaligned(co, arch, gen):
-    """K aligned: A goes to the kernel as it is; Sm75 pads B and D to N = 272 (int8 D: 16 per store), the
-    other generations pad nothing (the any-N kernel)."""
+    """K aligned: A goes to the kernel as it is; Sm75 and (M <= 64) Sm90 pad B and D to N = 272 (int8 D: 16 per
+    store), Sm80 pads nothing (the any-N kernel)."""
     from cutlass_ops.cutlass import padding
 
     M, N, K = 33, 257, 1024
@@ -150,7 +152,7 @@ def test_only_N_unaligned(co, arch, gen):
     D = co.int8_gemm(A, B, "requant", arch=arch, **inputs)
     _check(D, A, B, "requant", "s8", inputs)
     copies = padding._padded.get(B)
-    assert (set(copies) == {(272, K)}) if arch == 75 else copies is None
+    assert (set(copies) == {(272, K)}) if arch in (75, 90) else copies is None
 
 
 def test_weight_padded_once_and_again_after_an_in_place_change(co, gen):
@@ -222,3 +224,82 @@ def test_pad_rows_kernel_equals_F_pad(co, M, K, K_pad):
     shifted = torch.empty(M * K + 1, dtype=torch.int8, device="cuda")[1:].view(M, K)  # rows off 16 bytes too
     shifted.copy_(A)
     assert torch.equal(padding.pad_rows(shifted, K_pad), A_pad)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float16, torch.int32])
+@pytest.mark.parametrize("M,N,N_pad", [(2, 1000, 1008), (64, 257, 272), (1029, 4097, 4112), (5000, 3, 16),
+                                       (7, 1, 16), (3, 4104, 4112)])
+def test_unpad_rows_kernel_equals_the_slice(co, dtype, M, N, N_pad):
+    """unpad_rows (D = D_pad[:, :N] after a GEMM on a padded N) against torch's slice: every load width (gcd of a
+    row's bytes and 16: 1 to 16), a last vector shorter than 16 bytes, a grid that strides (M = 5000), into a
+    fresh D and into ``out``; an ``out`` off 16 bytes takes torch's copy."""
+    from cutlass_ops.cutlass import padding
+
+    D_pad = torch.randint(-1000, 1000, (M, N_pad), device="cuda").to(dtype)
+    D = padding.unpad_rows(D_pad, N)
+    assert D.shape == (M, N) and D.is_contiguous() and torch.equal(D, D_pad[:, :N])
+    out = torch.zeros(M, N, dtype=dtype, device="cuda")
+    assert padding.unpad_rows(D_pad, N, out) is out and torch.equal(out, D_pad[:, :N])
+    shifted = torch.zeros(M * N + 1, dtype=dtype, device="cuda")[1:].view(M, N)
+    assert torch.equal(padding.unpad_rows(D_pad, N, shifted), D_pad[:, :N])
+
+
+@pytest.mark.parametrize("element", ["s32", "s8", "f16"])
+@pytest.mark.parametrize("M,N", [(64, 1000), (1024, 257), (300, 4097)])
+def test_padded_N_at_M_above_1_reads_the_gemm_it_follows(co, monkeypatch, element, M, N, gen):
+    """The padded-N path at M > 1 (the aligned kernel on N_pad, then unpad_rows as its programmatic dependent on
+    Hopper), forced where the any-N kernel would run: three calls back to back into one ``out``, each on other
+    operands, leave the last call's exact result (a copy that ran ahead of its GEMM would leave an earlier one's)."""
+    from cutlass_ops.cutlass import plan as plan_module
+
+    monkeypatch.setattr(plan_module.Int8Gemm, "any_n_for", lambda self, M, N, device: None)
+    name = {"s32": "none", "s8": "requant", "f16": "dequant"}[element]
+    dtype = epilogues.OUTPUT_DTYPES[element]
+    inputs = _epilogue_inputs(name, M, N, gen)
+    B = _int8(N, 4096, generator=gen)
+    As = [_int8(M, 4096, generator=gen) for _ in range(3)]
+    out = torch.empty(M, N, dtype=dtype, device="cuda")
+    for A in As:
+        co.int8_gemm(A, B, name, out=out, **inputs)
+    _check(out, As[-1], B, name, element, inputs)
+    D = co.int8_gemm(As[0], B, name, out_dtype=dtype, **inputs)
+    _check(D, As[0], B, name, element, inputs)
+    from custom_kernels import host_ext
+    if host_ext.load() is None:
+        return
+    # The C++ path takes the same call again (B's and the inputs' padded copies registered by the Python path)
+    def python_path(*args, **kwargs):
+        raise AssertionError("the padded-N call went through Python, not the C++ path")
+    monkeypatch.setattr(plan_module.Int8Gemm, "_run_padded", python_path)
+    out.fill_(0)
+    co.int8_gemm(As[-1], B, name, out=out, **inputs)
+    _check(out, As[-1], B, name, element, inputs)
+
+
+@pytest.mark.parametrize("M,N,padded", [(64, 1000, True), (2, 4097, True), (33, 257, True), (128, 257, False),
+                                        (1024, 257, False)])
+def test_hopper_pads_N_at_small_M_and_keeps_any_N_where_it_won(co, M, N, padded, gen):
+    """Sm90 plans (cutlass/plan.py ``pads_N``): an unaligned N at M <= 64 runs on the aligned kernel over N padded
+    (B's copy kept, D out of D_pad by unpad_rows); at M = 128 / 1024 with N = 257 the any-N kernel (it was as
+    fast or faster there, H200); while a graph is captured always the any-N kernel. Exact results either way."""
+    from cutlass_ops.cutlass import padding, plan_for
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("the padded-N rule beyond M = 1 is Hopper's (Sm90 plans)")
+    A, B = _int8(M, 512, generator=gen), _int8(N, 512, generator=gen)
+    inputs = _epilogue_inputs("requant", M, N, gen)
+    plan = plan_for(M, torch.cuda.current_device(), "requant", None, torch.int8)
+    assert (plan.any_n_for(M, N, 0) is None) == padded
+    D = co.int8_gemm(A, B, "requant", **inputs)
+    _check(D, A, B, "requant", "s8", inputs)
+    assert bool(padding._padded.get(B)) == padded
+    B2 = B.clone()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        assert plan.any_n_for(M, N, 0) is not None
+        G = co.int8_gemm(A, B2, "requant", **inputs)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert padding._padded.get(B2) is None
+    _check(G, A, B2, "requant", "s8", inputs)
