@@ -84,14 +84,13 @@ class FastPath:
                 self._registered.discard(key)  # the extension's table started over: register again next call
 
     def register_padded(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], N_pad: int,
-                        unpad: tuple[int, int, int, int, bool] | None) -> None:
+                        unpad: tuple[int, int, int, int, bool]) -> None:
         """The kept padded copies of a padded-N call (B and its per-column inputs, each (tensor, copy) with
-        N_pad rows or elements) and the unpad_rows launch it used ((device, load width, CUfunction, most
-        blocks, PDL); None: the call needed none), so that the next such call runs in C++."""
+        N_pad rows or elements) and the unpad_rows launch for its D ((device, load width, CUfunction, most
+        blocks, PDL)), so that the next such call runs in C++."""
         for t, copy in pairs:
             self._ext.register_padded(t, N_pad, copy)
-        if unpad is not None:
-            self._ext.register_unpad(*unpad)
+        self._ext.register_unpad(*unpad)
 
     def mark_finite(self, tensors: list[torch.Tensor]) -> None:
         """Tell the extension these per-column inputs were checked for NaN / Inf (until changed in place)."""

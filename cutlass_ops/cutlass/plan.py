@@ -157,8 +157,7 @@ class Int8Gemm:
             # B's and the per-column inputs' kept copies (made outside capture): the next call takes C++
             pairs = [(B, B_pad)] + [(inputs[name], inputs_pad[name]) for name, kind in self._inputs
                                     if kind == "per_col" and inputs.get(name) is not None]
-            unpad = None if D_pad.shape[0] == 1 and out is None else unpad_registration(device, N, D.element_size())
-            fast.register_padded(pairs, N_pad, unpad)
+            fast.register_padded(pairs, N_pad, unpad_registration(device, N, D.element_size()))
         return D
 
     def run_fast(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None, inputs: dict[str, Any],
@@ -206,14 +205,21 @@ class Int8Gemm:
         the aligned time per element (H200) against the any-N kernel's 1.4-1.55x. On Sm90 plans also at
         M <= 64, where the any-N kernels are a few CTAs streaming K alone (H200, M = 2..64, N = 257 / 1000 / 4097,
         K = 4096: 1.12-1.26x against 1.27-1.49x), and where the any-N grid takes about two waves or more of its
-        tiles (M = 1024 N = 1000 int8 D: 1.20x against 1.53x; M = 2048 / 4096 1.22-1.78x against 1.62-2.57x).
-        Between those the any-N kernels won or tied (M = 128..512: the aligned medium tiles are slow there;
-        docs/design.md section 2)."""
+        tiles while the padded N adds no wave of this kernel's (M = 1024 N = 1000 int8 D: 1.20x against 1.53x;
+        M = 2048 / 4096, N = 1000 1.22-1.25x against 1.79-2.57x). Elsewhere the any-N kernels won or tied (M =
+        128..512, where the aligned medium tiles are slow; N = 4097 at M = 1024, whose padded grid of 136 tiles
+        takes a second wave: 1.74-1.89x against 1.73-1.74x; docs/design.md section 2)."""
         if M == 1:
             return True
         if self.spec.kernel_cc != 90 or self.any_n is None:
             return False
-        return M <= PADDED_N_MAX_SMALL_M or _ctas(self._any_n_plan(M, N, device), M, N) >= PADDED_N_WAVES * sm_count(device)
+        if M <= PADDED_N_MAX_SMALL_M:
+            return True
+        sms = sm_count(device)
+        if _ctas(self._any_n_plan(M, N, device), M, N) < PADDED_N_WAVES * sms:
+            return False
+        align = self.spec.alignment_D
+        return -(-_ctas(self, M, N + align - N % align) // sms) == -(-_ctas(self, M, N - N % align) // sms)
 
     def mark_finite(self, tensors: list[torch.Tensor]) -> None:
         """Per-column inputs checked for NaN / Inf, so that the C++ path takes them from now on (the
