@@ -104,21 +104,23 @@ class Int8Gemm:
             device: int) -> torch.Tensor:
         """``plan(A, B, out, **inputs)`` with the inputs as one dict and A's device index given.
 
-        The C++ path takes a shape seen before unless it hands the call back (None)."""
-        fast = self._fast
-        if fast:
-            N = B.shape[0]
-            D = fast.run(A, B, device, out, inputs, False,
-                         bool(N % self.spec.alignment_D) and self.any_n_for(A.shape[0], N, device) is None)
-            if D is not None:
-                return D
-        K, N = A.shape[1], B.shape[0]
-        if not (A.shape[0] and N and K):
-            return self._empty(A, B, out, inputs, device)
-        if K % ALIGNMENT_K or N % self.spec.alignment_D:
+        The C++ path takes a shape seen before unless it hands the call back (None). An N this kernel cannot
+        store goes to the any-N plan (:meth:`any_n_for`) or runs over N padded (C++ once Python has padded)."""
+        N = B.shape[0]
+        padded_N = bool(N % self.spec.alignment_D)
+        if padded_N:
             any_n = self.any_n_for(A.shape[0], N, device)
             if any_n is not None:
                 return any_n.run(A, B, out, inputs, device)  # it pads K only, if at all
+        fast = self._fast
+        if fast:
+            D = fast.run(A, B, device, out, inputs, False, padded_N)
+            if D is not None:
+                return D
+        K = A.shape[1]
+        if not (A.shape[0] and N and K):
+            return self._empty(A, B, out, inputs, device)
+        if K % ALIGNMENT_K or padded_N:
             return self._run_padded(A, B, out, inputs, device)
         M, N, K, pointers, nonnull, scalars, out = self._arguments(A, B, out, device, inputs)
         kernel = self._kernel or self.kernel
