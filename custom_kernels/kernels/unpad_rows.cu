@@ -17,27 +17,21 @@
 #define LOAD_BYTES 1
 #endif
 
-template <int W> struct Piece;
-template <> struct Piece<1> {
-  uint8_t v;
-  __device__ __forceinline__ void load(const uint8_t* a) { v = cuops::load_u8_after_wait(a); }
-};
-template <> struct Piece<2> {
-  uint16_t v;
-  __device__ __forceinline__ void load(const uint8_t* a) { v = cuops::load_u16_after_wait(a); }
-};
-template <> struct Piece<4> {
-  uint32_t v;
-  __device__ __forceinline__ void load(const uint8_t* a) { v = cuops::load_u32_after_wait(a); }
-};
-template <> struct Piece<8> {
-  uint2 v;
-  __device__ __forceinline__ void load(const uint8_t* a) { v = cuops::load_v2_after_wait(a); }
-};
-template <> struct Piece<16> {
-  uint4 v;
-  __device__ __forceinline__ void load(const uint8_t* a) { v = cuops::load_v4_after_wait(a); }
-};
+template <int W> struct PieceWord;  // the type of one LOAD_BYTES piece
+template <> struct PieceWord<1> { using type = uint8_t; };
+template <> struct PieceWord<2> { using type = uint16_t; };
+template <> struct PieceWord<4> { using type = uint32_t; };
+template <> struct PieceWord<8> { using type = uint2; };
+template <> struct PieceWord<16> { using type = uint4; };
+
+template <int W>
+__device__ __forceinline__ typename PieceWord<W>::type load_piece(const uint8_t* a) {
+  if constexpr (W == 1) return cuops::load_u8_after_wait(a);
+  else if constexpr (W == 2) return cuops::load_u16_after_wait(a);
+  else if constexpr (W == 4) return cuops::load_u32_after_wait(a);
+  else if constexpr (W == 8) return cuops::load_v2_after_wait(a);
+  else return cuops::load_v4_after_wait(a);
+}
 
 extern "C" __global__ void unpad_rows(const uint8_t* X, uint8_t* Y, int64_t total_bytes, int row_bytes,
                                       int src_pitch) {
@@ -51,15 +45,16 @@ extern "C" __global__ void unpad_rows(const uint8_t* X, uint8_t* Y, int64_t tota
     const int64_t o = idx * 16;
     int64_t m = o / row_bytes;
     int c = static_cast<int>(o - m * row_bytes);
+    using Word = typename PieceWord<W>::type;
     union {
-      Piece<W> piece[kPieces];
+      Word piece[kPieces];
       uint4 vec;
     } gathered;
     // total_bytes and o are multiples of W (W divides row_bytes and 16)
     const int pieces = o + 16 <= total_bytes ? kPieces : static_cast<int>(total_bytes - o) / W;
 #pragma unroll
     for (int j = 0; j < kPieces; ++j) {
-      if (j < pieces) gathered.piece[j].load(X + m * src_pitch + c);
+      if (j < pieces) gathered.piece[j] = load_piece<W>(X + m * src_pitch + c);
       c += W;
       if (c == row_bytes) {  // W divides row_bytes: the next piece starts the next row
         c = 0;
@@ -69,7 +64,7 @@ extern "C" __global__ void unpad_rows(const uint8_t* X, uint8_t* Y, int64_t tota
     if (pieces == kPieces) {
       reinterpret_cast<uint4*>(Y)[idx] = gathered.vec;
     } else {
-      Piece<W>* y = reinterpret_cast<Piece<W>*>(Y + o);
+      Word* y = reinterpret_cast<Word*>(Y + o);
       for (int j = 0; j < pieces; ++j) y[j] = gathered.piece[j];
     }
   }
