@@ -17,13 +17,12 @@ The padded problem is
     per_row inputs and scalars                                              as they are
 
 and D = D_pad[:, :N] (N_pad = N on the any-N kernels: D_pad is D; else one ``unpad_rows`` launch,
-custom_kernels/kernels/unpad_rows.cu, the GEMM's programmatic dependent on sm_90). K_pad is a multiple of 128 where that adds at
-most K / 32 columns (:func:`padded_K`): the Sm90 kernels' TMA boxes are 128 bytes of a row, and rows that start
-off a 128-byte boundary ran slower (H200, M = 64, N = 1024: K = 4112 13.0 us, 4224 8.5, 4096 8.3). A_pad is made
-by one ``pad_rows_i8`` launch on CUDA tensors (custom_kernels/kernels/pad_rows.cu; on sm_90 a programmatic
-dependent of the kernel before it, releasing the GEMM after it), F.pad elsewhere. Zero columns
-along K add 0 to each
-int32 accumulator, so D is exactly the unpadded D; the N_pad - N extra columns of D_pad are computed and
+custom_kernels/kernels/unpad_rows.cu, the GEMM's programmatic dependent on sm_90). K_pad is a multiple of 128
+where that adds at most K / 32 columns (:func:`padded_K`): the Sm90 kernels' TMA boxes are 128 bytes of a row,
+and rows that start off a 128-byte boundary ran slower (H200, M = 64, N = 1024: K = 4112 13.0 us, 4224 8.5, 4096
+8.3). A_pad is made by one ``pad_rows_i8`` launch on CUDA tensors (custom_kernels/kernels/pad_rows.cu; on sm_90
+a programmatic dependent of the kernel before it, releasing the GEMM after it), F.pad elsewhere. Zero columns
+along K add 0 to each int32 accumulator, so D is exactly the unpadded D; the N_pad - N extra columns of D_pad are computed and
 dropped. B and the per-column inputs are weight-side constants, so their padded copies are kept
 (:class:`~cutlass_ops.plan_cache.TensorMemo`: by tensor identity and in-place version, dropped with the
 tensor): a repeated call with the same weight copies only A. While a CUDA graph is captured nothing is
@@ -47,7 +46,8 @@ from cutlass_ops.plan_cache import TensorMemo
 from .tuning import ALIGNMENT_K
 
 __all__ = ["KEPT", "PAD_ROWS_KERNEL", "UNPAD_ROWS_KERNEL", "round_up", "padded_K", "padded_sizes", "needs_padding",
-           "pad_columns", "pad_rows", "unpad_rows", "unpad_load_bytes", "unpad_registration", "pad_weight", "pad_per_col", "pad_operands"]
+           "pad_columns", "pad_rows", "unpad_rows", "unpad_load_bytes", "unpad_registration", "pad_weight",
+           "pad_per_col", "pad_operands"]
 
 ROW_BYTES_TMA = 128  # bytes of a row in one TMA box of the Sm90 kernels
 
