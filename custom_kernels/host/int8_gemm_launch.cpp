@@ -164,10 +164,12 @@ std::unordered_map<int64_t, UnpadLaunch>& g_unpad = *new std::unordered_map<int6
 
 int64_t unpad_key(int64_t device, int64_t width) { return device * 32 + width; }
 
-CUresult launch_unpad(const UnpadLaunch& u, uint64_t src, uint64_t dst, int64_t M, int64_t row_bytes,
-                      int64_t src_pitch, int64_t stream) {
-  int64_t total = M * row_bytes;
-  int32_t row = static_cast<int32_t>(row_bytes), pitch = static_cast<int32_t>(src_pitch);
+// D = D_pad[:, :N] on the stream, after the GEMM that wrote D_pad [M, N_pad] (D [..., N], contiguous).
+CUresult launch_unpad(const UnpadLaunch& u, const at::Tensor& D_pad, const at::Tensor& D, int64_t stream) {
+  const int64_t size = D.element_size();
+  uint64_t src = reinterpret_cast<uint64_t>(D_pad.data_ptr()), dst = reinterpret_cast<uint64_t>(D.data_ptr());
+  int64_t total = D.numel() * size;
+  int32_t row = static_cast<int32_t>(D.size(-1) * size), pitch = static_cast<int32_t>(D_pad.size(1) * size);
   void* args[] = {&src, &dst, &total, &row, &pitch};  // padding.UnpadRowsArgs' order
   const int64_t vecs = (total + 15) / 16;
   CUlaunchAttribute attr = u.attr;
@@ -180,6 +182,24 @@ CUresult launch_unpad(const UnpadLaunch& u, uint64_t src, uint64_t dst, int64_t 
   config.attrs = u.pdl ? &attr : nullptr;
   config.numAttrs = u.pdl ? 1 : 0;
   return g_launch(&config, u.function, args, nullptr);
+}
+
+// The padded problem of an N that plan p's kernel cannot store: N rounded up to its alignment, Python's kept copy
+// of B [rows, K] and the unpad_rows launch of D's row width. found() is false where Python has not prepared them
+// (the call then goes to Python).
+struct PaddedN {
+  int64_t rows = 0;
+  at::Tensor B;
+  const UnpadLaunch* unpad = nullptr;
+  bool found() const { return unpad != nullptr; }
+};
+PaddedN padded_problem(const Plan& p, const at::Tensor& B, int64_t N, int64_t device) {
+  PaddedN r;
+  r.rows = (N + p.align_D - 1) / p.align_D * p.align_D;
+  auto u = g_unpad.find(unpad_key(device, std::gcd<int64_t>(N * at::elementSize(p.out_dtype), 16)));
+  r.B = padded_copy(B, r.rows);
+  if (u != g_unpad.end() && r.B.defined() && r.B.size(1) == B.size(1)) r.unpad = &u->second;
+  return r;
 }
 
 // Whether the byte spans of two contiguous tensors intersect (`out` must not alias A or B).
@@ -343,18 +363,15 @@ py::object run(int64_t plan_id, const at::Tensor& A, const at::Tensor& B, int64_
   const int64_t M = A.size(0), K = A.size(1), N = B.size(0);
   if (M == 0 || N == 0 || K == 0 || K % 16 || g_launch == nullptr) return py::none();
   const int dev = static_cast<int>(device);
-  int64_t N_pad = N;
-  at::Tensor B_pad;  // the padded problem's B: Python's kept copy
-  const UnpadLaunch* unpad = nullptr;
+  PaddedN padded_N;  // the padded problem (N_pad rows, B's kept copy, the unpad launch) of an N p cannot store
   if (N % p.align_D) {
     if (!padded) return py::none();
-    N_pad = (N + p.align_D - 1) / p.align_D * p.align_D;
-    B_pad = padded_copy(B, N_pad);
-    auto found = g_unpad.find(unpad_key(device, std::gcd<int64_t>(N * at::elementSize(p.out_dtype), 16)));
-    if (!B_pad.defined() || B_pad.size(1) != K || found == g_unpad.end()) return py::none();
-    unpad = &found->second;
+    padded_N = padded_problem(p, B, N, device);
+    if (!padded_N.found()) return py::none();
   }
-  const bool pad = B_pad.defined();
+  const bool pad = padded_N.found();
+  const int64_t N_pad = pad ? padded_N.rows : N;
+  const at::Tensor& B_pad = padded_N.B;
   at::Tensor kept[kMaxPointers];  // the padded per-column inputs, alive until the launch
   uint64_t ptr[kMaxPointers] = {0};
   ptr[p.slot_A] = reinterpret_cast<uint64_t>(A.data_ptr());
@@ -420,9 +437,7 @@ py::object run(int64_t plan_id, const at::Tensor& A, const at::Tensor& B, int64_
   if (err != CUDA_SUCCESS) return py::int_(static_cast<int>(err));
   if (!pad) return py::cast(out);
   if (row_view) return py::cast(D_pad.narrow(1, 0, N));
-  const int64_t size = at::elementSize(p.out_dtype);
-  err = launch_unpad(*unpad, ptr[p.slot_D], reinterpret_cast<uint64_t>(out.data_ptr()), M, N * size, N_pad * size,
-                     stream);
+  err = launch_unpad(*padded_N.unpad, D_pad, out, stream);
   if (err != CUDA_SUCCESS) return py::int_(static_cast<int>(err));
   return py::cast(out);
 }
@@ -547,21 +562,18 @@ py::object run_channel(const at::Tensor& x, const at::Tensor& B, const at::Tenso
   State* state = nullptr;
   const ChannelGemm* gemm = nullptr;
   int64_t N_pad = N;
-  at::Tensor B_pad, scale_pad, bias_pad;  // the kept padded copies (undefined: not padded)
-  const UnpadLaunch* unpad = nullptr;
+  PaddedN padded_N;                // the padded problem of an N the plan cannot store (not found: not padded)
+  at::Tensor scale_pad, bias_pad;  // the kept padded per-column inputs
   for (const ChannelGemm& g : gemms->second) {
     Plan& p = *g_plans[g.plan_id];
     int64_t rows = N;
     if (N % p.align_D) {
       if (!padded) continue;
-      rows = (N + p.align_D - 1) / p.align_D * p.align_D;
-      auto found = g_unpad.find(unpad_key(dev, std::gcd<int64_t>(N * at::elementSize(p.out_dtype), 16)));
-      B_pad = padded_copy(B, rows);
+      padded_N = padded_problem(p, B, N, dev);
+      rows = padded_N.rows;
       scale_pad = padded_copy(scale, rows);
       bias_pad = bias.defined() ? padded_copy(bias, rows) : at::Tensor();
-      if (found == g_unpad.end() || !B_pad.defined() || !scale_pad.defined() || (bias.defined() && !bias_pad.defined()))
-        continue;
-      unpad = &found->second;
+      if (!padded_N.found() || !scale_pad.defined() || (bias.defined() && !bias_pad.defined())) continue;
     }
     int64_t nonnull = p.always | (int64_t{1} << g.slot_scale_row) | (int64_t{1} << g.slot_scale_col);
     if (bias.defined()) nonnull |= int64_t{1} << g.slot_bias;
@@ -586,7 +598,7 @@ py::object run_channel(const at::Tensor& x, const at::Tensor& B, const at::Tenso
   if (!pad) D_pad = out;
   uint64_t ptr[kMaxPointers] = {0};
   ptr[p.slot_A] = reinterpret_cast<uint64_t>(A_q.data_ptr());
-  ptr[p.slot_B] = reinterpret_cast<uint64_t>((pad ? B_pad : B).data_ptr());
+  ptr[p.slot_B] = reinterpret_cast<uint64_t>((pad ? padded_N.B : B).data_ptr());
   ptr[p.slot_D] = reinterpret_cast<uint64_t>(D_pad.data_ptr());
   if (p.c_is_d) ptr[p.slot_C] = ptr[p.slot_D];
   ptr[gemm->slot_scale_row] = reinterpret_cast<uint64_t>(s.data_ptr());
@@ -616,9 +628,7 @@ py::object run_channel(const at::Tensor& x, const at::Tensor& B, const at::Tenso
   err = launch(*state, gemm_args, stream);
   if (err != CUDA_SUCCESS) return py::make_tuple(1, static_cast<int>(err));
   if (pad) {
-    const int64_t size = at::elementSize(p.out_dtype);
-    err = launch_unpad(*unpad, ptr[p.slot_D], reinterpret_cast<uint64_t>(out.data_ptr()), M, N * size,
-                       N_pad * size, stream);
+    err = launch_unpad(*padded_N.unpad, D_pad, out, stream);
     if (err != CUDA_SUCCESS) return py::make_tuple(2, static_cast<int>(err));
   }
   return py::cast(out);

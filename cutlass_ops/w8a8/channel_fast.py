@@ -49,16 +49,15 @@ class _ChannelPath:
         padded = bool(qweight.shape[0] % 8) and not torch.cuda.is_current_stream_capturing()
         out = self.ext.run_channel(x, qweight, scale, bias, act, self.raw_stream(device), padded)
         if out.__class__ is tuple:
-            out = self._failed(out, x, qweight, scale, bias, act, device)
+            out = self._failed(out, x, qweight, scale, bias, act, device, padded)
         return out
 
-    def _failed(self, failure: tuple, x, qweight, scale, bias, act: int, device: int):
+    def _failed(self, failure: tuple, x, qweight, scale, bias, act: int, device: int, padded: bool):
         """A launch failed: retried once after binding the device's context where none was current,
         otherwise CudaDriverError naming the kernel (nothing ran after a failed launch)."""
         from custom_kernels.device import check, retry_in_context
 
         which, err = failure
-        padded = bool(qweight.shape[0] % 8) and not torch.cuda.is_current_stream_capturing()
         out = retry_in_context(err, device, lambda: self.ext.run_channel(x, qweight, scale, bias, act,
                                                                          self.raw_stream(device), padded))
         if out.__class__ is tuple:
