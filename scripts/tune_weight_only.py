@@ -98,9 +98,13 @@ GEMM_SMALL_M_CONFIGS = (GemmSmallMConfig(), GemmSmallMConfig(stages=2), GemmSmal
 GEMM_SMALL_M_FROM_M = 8  # below it gemm_small_m's shared activation tile buys nothing (sweep_small_m.md)
 # gemm_wgmma variants (sm_90 only, from M = 16): the default's two forms (3 stages and 2 blocks per SM; 4 stages and
 # 1 block), 4 stages with 2 blocks, and 4 warpgroups per block (256 rows of N share one staged activation tile)
-# with 3 and 4 stages.
+# with 3 and 4 stages; and the 2-warpgroup forms with their K splits summed in a cluster (GemmWgmmaConfig.cluster:
+# 0.90-0.97x the workspace form's time where N gives 2 splits or a small grid, up to 1.6x where the clusters of 4-8
+# blocks fill more than one wave; design.md section 4).
 GEMM_WGMMA_CONFIGS = (GemmWgmmaConfig(stages=3, min_blocks=2), GemmWgmmaConfig(), GemmWgmmaConfig(min_blocks=2),
-                      GemmWgmmaConfig(warpgroups=4, stages=3), GemmWgmmaConfig(warpgroups=4))
+                      GemmWgmmaConfig(warpgroups=4, stages=3), GemmWgmmaConfig(warpgroups=4),
+                      GemmWgmmaConfig(stages=3, min_blocks=2, cluster=1), GemmWgmmaConfig(cluster=1),
+                      GemmWgmmaConfig(min_blocks=2, cluster=1))
 GEMM_WGMMA_FROM_M = 16
 QUICK_M = (1, 4, 16, 64)
 MAX_M = 64  # both strategies take M <= 64
@@ -121,7 +125,7 @@ class Candidate(NamedTuple):
                     + (f"c{c.chains}" if c.chains != 1 else "") + ("f" if c.full_batches else ""))
         if self.strategy == "gemm_wgmma":
             return (f"gemm_wgmma g{c.warpgroups}s{c.stages}p{c.prefetch}b{c.min_blocks}" + ("o" if c.overlap else "")
-                    + (f"k{c.splits}" if c.splits else ""))
+                    + ("c" if c.cluster else "") + (f"k{c.splits}" if c.splits else ""))
         return f"gemm_small_m r{c.row_tiles}w{c.warps}s{c.stages}" + (f"k{c.splits}" if c.splits else "")
 
 

@@ -22,7 +22,7 @@ SOURCE = "gemm_wgmma.cu"
 ENTRIES = [f"gemm_wgmma_mt{mt}" for mt in variants.WGMMA_M_TILES]
 VARIANTS = [default_gemm_wgmma_config(64), GemmWgmmaConfig(), default_gemm_wgmma_config(1),
             GemmWgmmaConfig(warpgroups=1, stages=2), GemmWgmmaConfig(overlap=1, prefetch=4, stages=3),
-            GemmWgmmaConfig(stages=6, prefetch=8, min_blocks=2)]
+            GemmWgmmaConfig(stages=6, prefetch=8, min_blocks=2), GemmWgmmaConfig(warpgroups=4, stages=3, cluster=1)]
 # every (element, bits) target with the int4 default; each other variant with one target in turn
 TARGETS = [(0, 4), (1, 4), (0, 8), (1, 8)]
 BUILDS = [(e, b, VARIANTS[0]) for e, b in TARGETS] + [(*TARGETS[i % 4], cfg) for i, cfg in enumerate(VARIANTS[1:])]
@@ -63,7 +63,7 @@ def _define(name: str) -> int:
 
 def test_host_mirrors_kernel_constants():
     base = GemmWgmmaConfig()
-    for field in ("warpgroups", "stages", "prefetch", "min_blocks", "overlap"):
+    for field in ("warpgroups", "stages", "prefetch", "min_blocks", "overlap", "cluster"):
         assert getattr(base, field) == _define(f"GEMM_WGMMA_{field.upper()}"), field
     assert base.defines() == {}
     assert re.search(rf"constexpr int kStageElems = {variants.WGMMA_STAGE_ELEMS};", _source())
@@ -74,7 +74,7 @@ def test_config_checks_and_defines():
     assert GemmWgmmaConfig(stages=3, min_blocks=2, overlap=1).defines() == {
         "GEMM_WGMMA_STAGES": 3, "GEMM_WGMMA_MIN_BLOCKS": 2, "GEMM_WGMMA_OVERLAP": 1}
     for kwargs in ({"warpgroups": 3}, {"stages": 1}, {"stages": 7}, {"prefetch": 3}, {"overlap": 2},
-                   {"min_blocks": 0}, {"splits": 0}, {"splits": True}):
+                   {"min_blocks": 0}, {"splits": 0}, {"splits": True}, {"cluster": 2}):
         with pytest.raises(ValueError, match=f"GemmWgmmaConfig.{next(iter(kwargs))}"):
             GemmWgmmaConfig(**kwargs)
     with pytest.raises(ValueError, match="GemmWgmmaConfig.stages must be >= 3 with overlap=1"):
@@ -90,6 +90,9 @@ def test_tiles_and_default_config():
     assert default_gemm_wgmma_config(64, 8) == default_gemm_wgmma_config(32, 4) == GemmWgmmaConfig(stages=3, min_blocks=2)
     assert default_gemm_wgmma_config(65, 8) == default_gemm_wgmma_config(33, 4) == GemmWgmmaConfig(warpgroups=4, stages=3)
     assert gemm_wgmma_smem(8, 3) == 3 * 64 * 256 + 1024
+    # the cluster sum puts 4 warpgroups' fp32 accumulators (256 rows x 64 M) where the 3 stages were: 64 KB
+    assert gemm_wgmma_smem(8, 3, 4) == 256 * 64 * 4 + 1024
+    assert gemm_wgmma_smem(8, 3, 2) == gemm_wgmma_smem(8, 3)
 
 
 def test_launch_shape():
@@ -103,6 +106,11 @@ def test_launch_shape():
     # a split keeps >= 2 stages; a forced count is capped at one stage per split
     assert wgmma_launch_shape(64, 512, 4, 132, GemmWgmmaConfig(), 4).splits == 2
     assert wgmma_launch_shape(64, 96, 4, 132, GemmWgmmaConfig(splits=5), 1).splits == 1
+    # the cluster sum: at most WGMMA_MAX_CLUSTER (8) splits, the rule's or a forced count
+    assert wgmma_launch_shape(1024, 8192, 4, 132, GemmWgmmaConfig(), 1).splits == 16
+    shape = wgmma_launch_shape(1024, 8192, 4, 132, GemmWgmmaConfig(cluster=1), 1)
+    assert (shape.splits, shape.chunks_per_split) == (variants.WGMMA_MAX_CLUSTER, 32)
+    assert wgmma_launch_shape(1024, 8192, 4, 132, GemmWgmmaConfig(cluster=1, splits=12), 1).splits == 8
 
 
 def test_plan_kernels_name_the_module_and_reduction():
@@ -113,7 +121,8 @@ def test_plan_kernels_name_the_module_and_reduction():
 
 
 @pytest.mark.parametrize("cfg", [GemmWgmmaConfig(), default_gemm_wgmma_config(64), default_gemm_wgmma_config(1),
-                                 GemmWgmmaConfig(overlap=1)], ids=["class-default", "default-wide", "default-small", "overlap"])
+                                 GemmWgmmaConfig(overlap=1), GemmWgmmaConfig(cluster=1)],
+                         ids=["class-default", "default-wide", "default-small", "overlap", "cluster"])
 def test_ptxas_keeps_the_wgmmas_asynchronous(tmp_path, cfg):
     """ptxas serializes every wgmma (a wait after each) when one sits in a branch it cannot prove block-uniform,
     and says so only as an info line (C7518): that would undo the overlap silently."""

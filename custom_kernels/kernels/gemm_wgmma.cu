@@ -39,10 +39,13 @@
 // Compile-time choice (NVRTC defines; the host mirrors them in cutlass_ops/weight_only/variants.py,
 // GemmWgmmaConfig): WO_ELEMENT 0 = half, 1 = bfloat16, WO_BITS 4 or 8, GEMM_WGMMA_WARPGROUPS 1 | 2 | 4 (64-row
 // tiles of N per block), GEMM_WGMMA_STAGES 2..6 (3..6 with the overlap), GEMM_WGMMA_PREFETCH 2 | 4 | 8 (weight
-// trips in flight per lane), GEMM_WGMMA_MIN_BLOCKS (__launch_bounds__ blocks per SM), GEMM_WGMMA_OVERLAP 0 | 1.
+// trips in flight per lane), GEMM_WGMMA_MIN_BLOCKS (__launch_bounds__ blocks per SM), GEMM_WGMMA_OVERLAP 0 | 1,
+// GEMM_WGMMA_CLUSTER 0 | 1 (K splits summed in a cluster, cluster_sum_store; the host launches the K splits as one
+// cluster of gridDim.y <= 8 blocks and passes no workspace).
 //
 // Entry points: gemm_wgmma_mt{1,2,4,8,16}: M <= 8 MT (wgmma n = 8 MT). Dynamic shared memory kStages x 256 x
-// 8 MT bytes + 1024 (the swizzle's 1024-byte alignment): variants.gemm_wgmma_smem.
+// 8 MT bytes + 1024 (the swizzle's 1024-byte alignment), with GEMM_WGMMA_CLUSTER at least the accumulators'
+// 2048 x kWarpgroups x MT bytes: variants.gemm_wgmma_smem.
 #include "common.cuh"
 #include "converters.cuh"
 #include "cp_async.cuh"
@@ -68,6 +71,9 @@
 #ifndef GEMM_WGMMA_MIN_BLOCKS
 #define GEMM_WGMMA_MIN_BLOCKS 1
 #endif
+#ifndef GEMM_WGMMA_CLUSTER
+#define GEMM_WGMMA_CLUSTER 0
+#endif
 
 #if CUOPS_HAS_SM90A
 namespace cuops {
@@ -81,6 +87,10 @@ constexpr int kStageElems = 128;                    // K elements per stage: two
 // Trip i + 1 is dequantized while trip i's wgmmas run (two fragment sets; one more stage buffer kept unwritten).
 constexpr bool kOverlap = GEMM_WGMMA_OVERLAP != 0;
 constexpr int kLookahead = kStages - 1 - (kOverlap ? 1 : 0);  // stages in flight ahead of the one being read
+// The K splits of a block of rows are one thread-block cluster (gridDim.y <= 8 blocks) that sums its partial
+// accumulators through distributed shared memory, instead of the fp32 workspace and splitk_reduce's launch.
+constexpr bool kClusterSum = GEMM_WGMMA_CLUSTER != 0;
+constexpr int kMaxClusterSplits = 8;  // the portable cluster size (variants.WGMMA_MAX_CLUSTER)
 
 static_assert(kWarpgroups == 1 || kWarpgroups == 2 || kWarpgroups == 4, "GEMM_WGMMA_WARPGROUPS must be 1, 2 or 4");
 static_assert(kStages >= 2 && kStages <= 6, "GEMM_WGMMA_STAGES must be 2..6");
@@ -170,6 +180,53 @@ struct Stager {
     }
   }
 };
+
+// GEMM_WGMMA_CLUSTER with gridDim.y = S > 1 K splits, the cluster (1, S, 1): every block puts its warps'
+// accumulators into its shared memory (the stage buffers, free after the main loop), float4 e = (w kMTiles + i)
+// 32 + l holding accumulators 0..3 of M tile i of lane l of warp w; then the S blocks share the sum: block r takes
+// e = r kThreads + x, + S kThreads, ..., adds the S blocks' float4 e in split order (as splitk_reduce:
+// deterministic) and stores its four outputs. The second cluster barrier keeps every block's shared memory alive
+// until the others have read it.
+template <typename T, int kMTiles>
+__device__ __forceinline__ void cluster_sum_store(const float (&acc)[1][kMTiles][4], uint32_t red, int warp, int lane,
+                                                  int n_block, const T* bias, T* D, int M, int N, int act) {
+  constexpr int kElems = kThreads * kMTiles;  // float4s of the block's accumulators
+  __syncthreads();  // every warpgroup's wgmmas, the last readers of the stage buffers, are done
+  float4* mine = reinterpret_cast<float4*>(__cvta_shared_to_generic(red));
+#pragma unroll
+  for (int i = 0; i < kMTiles; ++i)
+    mine[(warp * kMTiles + i) * 32 + lane] = make_float4(acc[0][i][0], acc[0][i][1], acc[0][i][2], acc[0][i][3]);
+  sm90::cluster_sync();
+  // The remote loads below are plain asm (so that the S loads of an element are issued together); their address
+  // comes through this volatile asm, which keeps them below the barrier.
+  asm volatile("" : "+r"(red));
+  const int splits = static_cast<int>(gridDim.y);
+  for (int e = static_cast<int>(blockIdx.y) * kThreads + static_cast<int>(threadIdx.x); e < kElems;
+       e += splits * kThreads) {
+    float4 x[kMaxClusterSplits];
+#pragma unroll
+    for (int b = 0; b < kMaxClusterSplits; ++b)
+      if (b < splits) x[b] = sm90::ld_cluster_f4(red + 16u * static_cast<uint32_t>(e), b);
+    float v[4] = {x[0].x, x[0].y, x[0].z, x[0].w};
+#pragma unroll
+    for (int b = 1; b < kMaxClusterSplits; ++b)
+      if (b < splits) {
+        v[0] += x[b].x;
+        v[1] += x[b].y;
+        v[2] += x[b].z;
+        v[3] += x[b].w;
+      }
+    // Accumulator j of (warp w, M tile i, lane (g, t)): weight row 16 w + g + 8 (j >> 1), activation row
+    // 8 i + 2 t + (j & 1) (gemv_store.cuh's mapping).
+    const int l = e & 31, i = (e >> 5) % kMTiles, w = (e >> 5) / kMTiles;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int n = n_block + 16 * w + (l >> 2) + 8 * (j >> 1), m = 8 * i + 2 * (l & 3) + (j & 1);
+      if (n < N && m < M) cuops::gemv::store_output(D, static_cast<int64_t>(m) * N + n, v[j], bias, n, act);
+    }
+  }
+  sm90::cluster_sync();
+}
 
 // One trip of a warpgroup, part 1: dequantize this lane's chunk of rows g and g + 8 into the A fragments of the
 // trip's k16 steps. keep = 0 for a chunk past the split's end: its (scale, offset) is then 0, so its weights are
@@ -305,6 +362,11 @@ __device__ __forceinline__ void gemm_wgmma(const T* __restrict__ A, const uint8_
 #pragma unroll
     for (int j = 0; j < 4; ++j) sm90::fence_reg(acc[0][i][j]);
   cp_async_wait<0>();  // only empty groups remain; leave none behind
+  if (kClusterSum && gridDim.y > 1) {  // every thread takes part in the cluster barriers, rows past N too
+    cluster_sum_store<T, kMTiles>(acc, smem_base, warp, lane, static_cast<int>(blockIdx.x) * (64 * kWarpgroups), bias,
+                                  D, M, N, act);
+    return;
+  }
   if (n_group >= N) return;  // a warpgroup whose rows all lie past N (the last block of a ragged N)
 
   cuops::gemv::store_accumulators<T, 1, kMTiles>(acc, n_warp, g, t, bias, D, workspace, M, N, act);

@@ -168,6 +168,24 @@ SM90_WGMMA_RS(128,
 #undef SM90_WGMMA_RS
 #undef SM90_WGMMA_RS_TYPED
 
+// Thread-block cluster (sm_90): every thread of every block of the cluster arrives, then waits for all; release /
+// acquire order the shared-memory writes before the barrier with the other blocks' reads after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// The 16 bytes at this block's shared address `addr`, read from the same address in cluster block `rank` (DSMEM).
+// Not volatile and no memory clobber, so that independent loads are issued together: the caller orders it after
+// the barrier that published the data through `addr` (a value passed through a volatile asm after it).
+__device__ __forceinline__ float4 ld_cluster_f4(uint32_t addr, uint32_t rank) {
+  uint32_t remote;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  float4 v;
+  asm("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+      : "r"(remote));
+  return v;
+}
+
 // Named barrier `id` over `count` threads (ids 1.., 0 is __syncthreads): bar.sync waits for the
 // count, bar.arrive adds this warp without waiting.
 __device__ __forceinline__ void named_sync(int id, int count) {

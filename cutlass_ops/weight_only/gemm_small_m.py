@@ -85,12 +85,13 @@ class GemmSmallMPlan(SplitKGemvPlan):
 
 
 def build_staged(plan: SplitKGemvPlan, qw, M: int, dtype, device: int, config, *, source: str, name: str, smem: int,
-                 threads: int, launch_shape) -> None:
+                 threads: int, launch_shape, cluster_sum: bool = False) -> None:
     """Build a plan of the kernels whose blocks stage the activations in ``smem`` bytes of dynamic shared memory
     (gemm_small_m, gemm_wgmma; their parameters are GemmSmallMArgs'): load ``name`` of ``source`` with the
     config's defines, check that a block of ``threads`` fits, size the grid with ``launch_shape(blocks per SM)``
     (a SmallMShape), pack the weight's words and initialize ``plan``'s launch, split-K reduction and
-    ``config`` / ``shape`` / ``occupancy`` (what ran: benchmarks report them)."""
+    ``config`` / ``shape`` / ``occupancy`` (what ran: benchmarks report them). ``cluster_sum``: the kernel sums its
+    K splits itself, launched as clusters of (1, splits, 1) blocks (gemm_wgmma's ``cluster``)."""
     K, N, G = qw.K, qw.N, qw.num_groups
     group_shift = 30 if G == 1 else int(math.log2(qw.block_size // chunk_elems(qw.bits)))
     kernel = load_kernel(source, name, wo_defines(dtype, qw.bits, config), device=device)
@@ -103,7 +104,9 @@ def build_staged(plan: SplitKGemvPlan, qw, M: int, dtype, device: int, config, *
     so = scale_offset_words(qw, dtype)
     args = GemmSmallMArgs(B=qweight.data_ptr(), scale_offset=so.data_ptr(), M=M, N=N, K=K, G=G,
                           group_shift=group_shift, chunks_per_split=shape.chunks_per_split)
-    gemm = Launch(kernel, LaunchConfig.of((shape.blocks_n, shape.splits), threads, smem=smem), args, device)
+    in_kernel = cluster_sum and shape.splits > 1
+    gemm = Launch(kernel, LaunchConfig.of((shape.blocks_n, shape.splits), threads, smem=smem,
+                                          cluster=(1, shape.splits, 1) if in_kernel else (1, 1, 1)), args, device)
     SplitKGemvPlan.__init__(plan, gemm, shape.splits, M, N, ELEMENT[dtype], device,
-                            keep=(so, derived(qweight, qw.qweight)))
+                            keep=(so, derived(qweight, qw.qweight)), summed=in_kernel)
     plan.config, plan.shape, plan.occupancy = config, shape, occupancy

@@ -32,6 +32,7 @@ class GemmWgmmaPlan(SplitKGemvPlan):
         config = config or default_gemm_wgmma_config(M, qw.bits)
         m_tiles = wgmma_tiles(M)
         build_staged(self, qw, M, dtype, device, config, source=SOURCE, name=f"gemm_wgmma_mt{m_tiles}",
-                     smem=gemm_wgmma_smem(m_tiles, config.stages), threads=128 * config.warpgroups,
+                     smem=gemm_wgmma_smem(m_tiles, config.stages, config.cluster * config.warpgroups),
+                     threads=128 * config.warpgroups, cluster_sum=bool(config.cluster),
                      launch_shape=lambda occupancy: wgmma_launch_shape(qw.N, qw.K, qw.bits, sm_count(device), config,
                                                                        occupancy))

@@ -39,12 +39,15 @@ class SplitKGemvPlan:
     per_m = True         # the launch depends on M
     strategy = ""
 
-    def __init__(self, gemv: Launch, splits: int, M: int, N: int, element: int, device: int, keep=()):
+    def __init__(self, gemv: Launch, splits: int, M: int, N: int, element: int, device: int, keep=(),
+                 summed: bool = False):
+        """``summed``: the launch sums its own K splits (a cluster's, gemm_wgmma's ``cluster``): one launch, no
+        workspace."""
         self.gemv = gemv
         self.splits = splits
         self.workspace_shape = (splits, M, N)
         self.device = device
-        self.reduce = reduce_launch(M, N, splits, element, device) if splits > 1 else None
+        self.reduce = reduce_launch(M, N, splits, element, device) if splits > 1 and not summed else None
         self._keep = keep  # tensors the launch points at that the plan derived (packed words, copies)
 
     def recipe_steps(self, has_bias: bool, act: int) -> tuple[list, int, tuple]:

@@ -265,13 +265,15 @@ def small_m_launch_shape(N: int, K: int, bits: int, sm_count: int, config: GemmS
 
 
 def staged_launch_shape(N: int, K: int, sm_count: int, rows_per_block: int, stage_elems: int, chunk: int,
-                        min_split_stages: int, splits: int | None, blocks_per_sm: int = 1) -> SmallMShape:
+                        min_split_stages: int, splits: int | None, blocks_per_sm: int = 1,
+                        max_splits: int | None = None) -> SmallMShape:
     """The grid of a kernel whose blocks stage the activations (gemm_small_m, gemm_wgmma) for one problem on one GPU.
 
     N alone gives ceil(N / rows_per_block) blocks. When that leaves SMs without a block, K is split so that the
     grid is about one full wave of resident blocks (``blocks_per_sm``, the measured occupancy), each split a whole
     number of stages of ``stage_elems`` K elements (``chunk`` per 16-byte weight chunk) and at least
-    ``min_split_stages`` of them; ``splits`` forces the count (capped at one stage per split)."""
+    ``min_split_stages`` of them; ``splits`` forces the count (capped at one stage per split); ``max_splits`` caps
+    either."""
     chunks = K // chunk
     stage_chunks = stage_elems // chunk
     blocks_n = -(-N // rows_per_block)
@@ -282,6 +284,8 @@ def staged_launch_shape(N: int, K: int, sm_count: int, rows_per_block: int, stag
     else:
         splits = min(max(1, sm_count * max(1, blocks_per_sm) // blocks_n),
                      max(1, chunks // (min_split_stages * stage_chunks)))
+    if max_splits is not None:
+        splits = min(splits, max_splits)
     per_split = -(-(-(-chunks // splits)) // stage_chunks) * stage_chunks
     return SmallMShape(blocks_n, -(-chunks // per_split), per_split)
 
@@ -293,6 +297,7 @@ def staged_launch_shape(N: int, K: int, sm_count: int, rows_per_block: int, stag
 WGMMA_STAGE_ELEMS = 128      # kStageElems: K elements per activation stage (two 128-byte swizzle rows)
 WGMMA_MIN_SPLIT_STAGES = 2   # a K split keeps at least this many stages
 WGMMA_M_TILES = (1, 2, 4, 8, 16)  # entry points gemm_wgmma_mt{MT}: wgmma n = 8 MT
+WGMMA_MAX_CLUSTER = 8        # the portable cluster size: K splits summed in one cluster (GemmWgmmaConfig.cluster)
 
 
 @dataclass(frozen=True)
@@ -301,7 +306,9 @@ class GemmWgmmaConfig:
     64 rows of N; they share the staged activations), ``stages`` of the activation tile in shared memory,
     ``prefetch`` weight trips in flight per lane, ``min_blocks`` the ``__launch_bounds__`` blocks per SM, ``overlap``
     (1) a trip's dequantization while the previous trip's wgmmas run (two fragment sets, stages >= 3),
-    ``splits`` the K splits across blocks (None: :func:`wgmma_launch_shape`'s rule)."""
+    ``splits`` the K splits across blocks (None: :func:`wgmma_launch_shape`'s rule), ``cluster`` (1) the K splits of
+    a block of rows launched as one thread-block cluster that sums them through distributed shared memory (at most
+    ``WGMMA_MAX_CLUSTER`` splits; no fp32 workspace, no splitk_reduce launch)."""
 
     warpgroups: int = 2
     stages: int = 4
@@ -309,10 +316,11 @@ class GemmWgmmaConfig:
     min_blocks: int = 1
     overlap: int = 0
     splits: int | None = None
+    cluster: int = 0
 
     def __post_init__(self):
         for name, allowed in (("warpgroups", (1, 2, 4)), ("stages", (2, 3, 4, 5, 6)), ("prefetch", (2, 4, 8)),
-                              ("min_blocks", (1, 2, 3, 4)), ("overlap", (0, 1))):
+                              ("min_blocks", (1, 2, 3, 4)), ("overlap", (0, 1)), ("cluster", (0, 1))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"GemmWgmmaConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if self.splits is not None and (isinstance(self.splits, bool) or not isinstance(self.splits, int)
@@ -331,7 +339,7 @@ class GemmWgmmaConfig:
         """The NVRTC defines that differ from the kernel's defaults (defaults compile as the plain file)."""
         base = GemmWgmmaConfig()
         return {f"GEMM_WGMMA_{k.upper()}": getattr(self, k) for k in ("warpgroups", "stages", "prefetch", "min_blocks",
-                                                                      "overlap")
+                                                                      "overlap", "cluster")
                 if getattr(self, k) != getattr(base, k)}
 
 
@@ -358,10 +366,12 @@ def wgmma_tiles(M: int) -> int:
     return next(mt for mt in WGMMA_M_TILES if M <= 8 * mt)
 
 
-def gemm_wgmma_smem(m_tiles: int, stages: int) -> int:
+def gemm_wgmma_smem(m_tiles: int, stages: int, cluster_warpgroups: int = 0) -> int:
     """Dynamic shared memory of a gemm_wgmma block: ``stages`` x 8 m_tiles activation rows of 128 K elements
-    (2 bytes each), plus 1024 bytes to align the stages to the swizzle's 1024-byte period."""
-    return stages * 8 * m_tiles * 2 * WGMMA_STAGE_ELEMS + 1024
+    (2 bytes each), at least the fp32 accumulators of ``cluster_warpgroups`` warpgroups (the cluster sum of
+    ``GemmWgmmaConfig.cluster`` puts them there: 64 rows x 8 m_tiles each), plus 1024 bytes to align the stages
+    to the swizzle's 1024-byte period."""
+    return max(stages * 8 * m_tiles * 2 * WGMMA_STAGE_ELEMS, cluster_warpgroups * 64 * 8 * m_tiles * 4) + 1024
 
 
 def wgmma_launch_shape(N: int, K: int, bits: int, sm_count: int, config: GemmWgmmaConfig = GemmWgmmaConfig(),
@@ -369,4 +379,5 @@ def wgmma_launch_shape(N: int, K: int, bits: int, sm_count: int, config: GemmWgm
     """The gemm_wgmma grid for one problem on one GPU (pure arithmetic, no GPU needed): :func:`staged_launch_shape`
     with its stages of ``WGMMA_STAGE_ELEMS``, each split keeping at least ``WGMMA_MIN_SPLIT_STAGES``."""
     return staged_launch_shape(N, K, sm_count, config.rows_per_block, WGMMA_STAGE_ELEMS, chunk_elems(bits),
-                               WGMMA_MIN_SPLIT_STAGES, config.splits, blocks_per_sm)
+                               WGMMA_MIN_SPLIT_STAGES, config.splits, blocks_per_sm,
+                               WGMMA_MAX_CLUSTER if config.cluster else None)

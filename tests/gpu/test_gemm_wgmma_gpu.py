@@ -38,7 +38,8 @@ K_FOR_BLOCK = {32: 4160, 64: 4160, 128: 4224, None: 4160}
 VARIANTS = (GemmWgmmaConfig(warpgroups=1, stages=2), GemmWgmmaConfig(overlap=1, prefetch=4, stages=3),
             GemmWgmmaConfig(warpgroups=4, stages=4),
             GemmWgmmaConfig(stages=6, prefetch=8), GemmWgmmaConfig(stages=3, min_blocks=2),
-            GemmWgmmaConfig(overlap=1, stages=5, warpgroups=1))
+            GemmWgmmaConfig(overlap=1, stages=5, warpgroups=1), GemmWgmmaConfig(warpgroups=4, stages=3, cluster=1),
+            GemmWgmmaConfig(stages=3, min_blocks=2, cluster=1))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -83,7 +84,7 @@ def test_matches_reference(case):
 
 
 @pytest.mark.parametrize("config", VARIANTS,
-                         ids=lambda c: f"g{c.warpgroups}s{c.stages}p{c.prefetch}b{c.min_blocks}o{c.overlap}")
+                         ids=lambda c: f"g{c.warpgroups}s{c.stages}p{c.prefetch}b{c.min_blocks}o{c.overlap}c{c.cluster}")
 @pytest.mark.parametrize("bits, dtype", [(4, torch.float16), (8, torch.bfloat16)], ids=["int4-f16", "int8-bf16"])
 @pytest.mark.parametrize("M", [9, 64, 100])
 def test_every_variant(config, bits, dtype, M):
@@ -124,11 +125,26 @@ def test_it_is_the_hopper_default():
     _check(x, qw, bias, 1, None)
 
 
-def test_cuda_graph_capture_and_replay():
-    """Split-K (a fresh workspace per call from the graph's pool) under capture and replay."""
+@pytest.mark.parametrize("splits, K", [(2, 4160), (3, 4160), (8, 4096)])
+@pytest.mark.parametrize("bits, dtype, M", [(4, torch.float16, 64), (8, torch.bfloat16, 17), (4, torch.bfloat16, 128)],
+                         ids=["int4-f16-M64", "int8-bf16-M17", "int4-bf16-M128"])
+def test_cluster_sums_the_k_splits(splits, K, bits, dtype, M):
+    """GemmWgmmaConfig.cluster: the K splits of a block of rows run as one cluster that sums them in the kernel (one
+    launch, no workspace, no splitk_reduce); ragged N, every M tile width, against the reference."""
+    qw = _weight(4096 + 16, K, bits, 64, False)
+    x, bias = _inputs(M, K, qw.N, dtype, seed=36)
+    config = GemmWgmmaConfig(warpgroups=4 if M > 64 else 2, stages=3, cluster=1, splits=splits)
+    plan = wo.get_plan(qw, M, dtype, torch.cuda.current_device(), STRATEGY, config)
+    assert plan.splits == splits and plan.reduce is None and plan.gemv.shape.cluster == (1, splits, 1)
+    _check(x, qw, bias, M % 3, STRATEGY, config=config)
+
+
+@pytest.mark.parametrize("cluster", [0, 1], ids=["workspace", "cluster"])
+def test_cuda_graph_capture_and_replay(cluster):
+    """Split-K (a fresh workspace per call from the graph's pool, or the cluster sum) under capture and replay."""
     qw = _weight(4096 + 16, 4160, 4, 64, False)
     x, bias = _inputs(64, 4160, qw.N, torch.float16, seed=35)
-    config = GemmWgmmaConfig(splits=2)
+    config = GemmWgmmaConfig(splits=2, stages=3, cluster=cluster)
     _check_graph_replay(x, lambda x: wo.linear_weight_only(x, qw, bias, 1, strategy=STRATEGY, config=config))
 
 
