@@ -14,8 +14,8 @@ beats the rule-based choice by less than ``--min-gain`` (default 2%: within the 
 
 Device us per call from CUDA graphs (``bench_llm_shapes.rotated_us``: >= 60 calls per graph, median of 10
 replays), rotating over enough weight and x copies to read >= 3x L2. Every variant is compiled first in parallel
-processes (NVRTC, into the kernel cache), so the timed loop compiles nothing. All 18 shapes with the 25 candidates
-(16 gemv_mma, 4 gemm_small_m, 5 gemm_wgmma) took 198 s on an H200 (twentieth session; 83 s on an H100 with 10);
+processes (NVRTC, into the kernel cache), so the timed loop compiles nothing. All 18 shapes with the 28 candidates
+(16 gemv_mma, 4 gemm_small_m, 8 gemm_wgmma) took 216 s on an H200 (twenty-sixth session; 83 s on an H100 with 10);
 ``--quick``: the 8B shapes at M = 1, 4, 16, 64.
 
 JSON (``--write-json``, off by default; ``--write-json PATH`` writes elsewhere): each measured M stands for the
