@@ -215,3 +215,26 @@ def test_replay_inside_a_cuda_graph(mode):
         graph.replay()
         torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+@pytest.mark.skipif(not _hopper(), reason="gemm_wgmma is Hopper's (sm_90a)")
+@pytest.mark.parametrize("splits", [2, 5])
+def test_cluster_sum_plan_replays(monkeypatch, splits):
+    """A weight whose dispatch names gemm_wgmma with its K splits summed in a cluster (GemmWgmmaConfig.cluster, as
+    some tuned entries do): one launch with the cluster attribute, recorded and replayed from C++ bit for bit."""
+    from cutlass_ops.weight_only.variants import GemmWgmmaConfig
+
+    config = GemmWgmmaConfig(stages=3, min_blocks=2, cluster=1, splits=splits)
+    monkeypatch.setattr(weight_only, "tuned_for", lambda *args: ("gemm_wgmma", config))
+    q = _layer("w4", 1040, 4096, torch.float16, True, "relu")
+    x = torch.randn(24, 4096, dtype=torch.float16, device="cuda")
+    plan = weight_only.get_plan(q.weight(), 24, torch.float16, x.device.index)
+    assert plan.strategy == "gemm_wgmma" and plan.reduce is None and plan.gemv.shape.cluster == (1, splits, 1)
+    with torch.no_grad():
+        want = _python_path(q, x)
+        assert torch.equal(q(x), want)  # the Python path, then recorded
+        replayed = _replay(q, x)
+        assert replayed is not None, "the recorded problem was not replayed"
+        assert torch.equal(replayed, want)
+    ref = x.double() @ q.weight().dequantize(torch.float64).t() + q.bias.double()
+    assert (want.double() - ref.relu()).abs().max() <= 2e-2 * ref.abs().max()
