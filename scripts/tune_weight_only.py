@@ -353,9 +353,10 @@ def report(rows: list[Row], args, gpu: str, json_path: Path | None, failed: list
     lines = [f"# Weight-only dispatch tuning, {gpu}", "",
              f"{args.dtype} activations, asymmetric minmax, block {GROUP}. Device us per call: CUDA graphs of >= 60 "
              "calls rotating over >= 3x L2 of weight and x copies (median of 10 replays). Candidates: gemv_mma "
-             "r<row tiles>u<unroll>b<min blocks>w<warps>[k<K splits>], and from M = "
-             f"{GEMM_SMALL_M_FROM_M} gemm_small_m r<row tiles>w<warps>s<stages>, and on sm_90 from M = "
-             f"{GEMM_WGMMA_FROM_M} gemm_wgmma g<warpgroups>s<stages>p<prefetch>b<min blocks>; each checked against gemv_mma's "
+             "r<row tiles>u<unroll>b<min blocks>w<warps>[k<K splits>][c<accumulator sets>][f: full batches], and from "
+             f"M = {GEMM_SMALL_M_FROM_M} gemm_small_m r<row tiles>w<warps>s<stages>, and on sm_90 from M = "
+             f"{GEMM_WGMMA_FROM_M} gemm_wgmma g<warpgroups>s<stages>p<prefetch>b<min blocks>[o: overlap][c: K splits "
+             "summed in a cluster]; each checked against gemv_mma's "
              "default variant (max |diff| <= 1% of max |y|) before it is timed. rule-based: what dispatch.py and "
              "variants.default_*_config pick (`CUTLASS_OPS_TUNED=0`)" + (
                  "; with --dtype bf16 the file's entry for both types where it has one (what bf16 ran before)"
