@@ -67,6 +67,7 @@ def test_host_mirrors_kernel_constants():
         assert getattr(base, field) == _define(f"GEMM_WGMMA_{field.upper()}"), field
     assert base.defines() == {}
     assert re.search(rf"constexpr int kStageElems = {variants.WGMMA_STAGE_ELEMS};", _source())
+    assert re.search(rf"constexpr int kMaxClusterSplits = {variants.WGMMA_MAX_CLUSTER};", _source())
     assert [int(m) for m in re.findall(r"^GEMM_WGMMA_ENTRY\((\d+)\)$", _source(), re.M)] == list(variants.WGMMA_M_TILES)
 
 
