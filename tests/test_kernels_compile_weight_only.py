@@ -224,3 +224,11 @@ def test_kernel_args_name_the_kernel_parameters():
              (padding.UnpadRowsArgs, "unpad_rows.cu", "unpad_rows")]  # and their D on a padded N
     for args, filename, anchor in cases:
         assert [f[0] for f in args._fields_] == _parameters(filename, anchor), (args.__name__, filename)
+
+
+def test_split_k_reduce_grid_mirrors_the_kernel_vector_width():
+    """splitk.reduce_launch sizes its grid for the kernel's vector path (kVec outputs a thread, N % kVec == 0)."""
+    from cutlass_ops.weight_only import splitk
+
+    text = (KERNEL_DIR / "splitk_reduce.cu").read_text()
+    assert re.search(rf"constexpr int kVec = {splitk.REDUCE_VECTOR};", text)

@@ -12,7 +12,9 @@ import torch
 from custom_kernels.device import raw_stream, sm_count
 from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, load_kernel
 
-__all__ = ["SplitKReduceArgs", "reduce_kernel", "reduce_launch", "SplitKGemvPlan"]
+__all__ = ["SplitKReduceArgs", "reduce_kernel", "reduce_launch", "SplitKGemvPlan", "REDUCE_VECTOR"]
+
+REDUCE_VECTOR = 4  # splitk_reduce.cu kVec: outputs per thread when N % 4 == 0 and D and the bias are aligned
 
 
 class SplitKReduceArgs(KernelArgs):
@@ -28,7 +30,8 @@ def reduce_kernel(element: int) -> tuple[str, str, dict[str, int]]:
 def reduce_launch(M: int, N: int, splits: int, element: int, device: int) -> Launch:
     """The splitk_reduce launch of an [M, N] output over ``splits`` workspace slices."""
     kernel = load_kernel(*reduce_kernel(element), device=device)
-    grid = min(-(-(M * N) // 256), 8 * sm_count(device))
+    per_thread = REDUCE_VECTOR if N % REDUCE_VECTOR == 0 else 1  # the kernel's vector path: four outputs a thread
+    grid = min(-(-(M * N) // (256 * per_thread)), 8 * sm_count(device))
     return Launch(kernel, LaunchConfig.of(grid, 256), SplitKReduceArgs(M=M, N=N, splits=splits), device)
 
 
