@@ -123,6 +123,15 @@ class Kernel:
         return check(libcuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function(device), threads, smem),
                      f"cuOccupancyMaxActiveBlocksPerMultiprocessor({self.name})")
 
+    def max_active_clusters(self, threads: int, smem: int, cluster, device: int) -> int:
+        """Thread-block clusters of ``cluster`` blocks (each ``threads`` threads, ``smem`` dynamic shared bytes)
+        resident on the device at once: what one wave of a cluster launch holds, which the SM count times
+        :meth:`max_active_blocks` overstates when clusters do not tile each GPC's SMs."""
+        shape = LaunchShape(self, LaunchConfig.of(cluster, threads, smem, cluster=cluster), device)
+        with context_of(device):
+            return check(libcuda.cuOccupancyMaxActiveClusters(shape.function, shape.ex_config_address),
+                         f"cuOccupancyMaxActiveClusters({self.name}, cluster={shape.cluster})")
+
 
 @functools.lru_cache(maxsize=None)
 def _module(filename: str, arch: str, defines: tuple[tuple[str, object], ...]) -> Module:
@@ -261,7 +270,7 @@ class LaunchShape:
         cfg.attrs = self._attrs
         cfg.num_attrs = len(attrs)
         self._ex_config = cfg
-        self._ex_config_addr = ctypes.addressof(cfg)
+        self.ex_config_address = ctypes.addressof(cfg)  # the CUlaunchConfig (its stream: the last launch's)
         self._ex_function = int(self.function)
         self._ex_call = cu_launch_kernel_ex()
 
@@ -293,7 +302,7 @@ class LaunchShape:
         """One launch attempt: its CUresult."""
         with self._lock:
             self._ex_config.stream = stream
-            return self._ex_call(self._ex_config_addr, self._ex_function, kernel_params, None)
+            return self._ex_call(self.ex_config_address, self._ex_function, kernel_params, None)
 
 
 class Launch:

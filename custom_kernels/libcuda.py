@@ -28,7 +28,7 @@ __all__ = [
     "cuGetErrorName", "cuGetErrorString", "cuInit", "cuDeviceGet", "cuDeviceGetAttribute",
     "cuDevicePrimaryCtxRetain", "cuCtxGetCurrent", "cuCtxSetCurrent", "cuCtxPushCurrent", "cuCtxPopCurrent",
     "cuModuleLoadData", "cuModuleGetFunction", "cuFuncSetAttribute", "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-    "cuTensorMapEncodeTiled",
+    "cuOccupancyMaxActiveClusters", "cuTensorMapEncodeTiled",
 ]
 
 
@@ -79,6 +79,8 @@ _SIGNATURES: dict[str, tuple[str, list]] = {
     "cuFuncSetAttribute": ("cuFuncSetAttribute", [c_void_p, c_int, c_int]),
     "cuOccupancyMaxActiveBlocksPerMultiprocessor": ("cuOccupancyMaxActiveBlocksPerMultiprocessor",
                                                     [POINTER(c_int), c_void_p, c_int, c_size_t]),
+    # (int* numClusters, CUfunction, const CUlaunchConfig*): custom_kernels.launch builds the config
+    "cuOccupancyMaxActiveClusters": ("cuOccupancyMaxActiveClusters", [POINTER(c_int), c_void_p, c_void_p]),
     "cuTensorMapEncodeTiled": ("cuTensorMapEncodeTiled",
                                [c_void_p, c_int, c_uint32, c_void_p, POINTER(c_uint64), POINTER(c_uint64),
                                 POINTER(c_uint32), POINTER(c_uint32), c_int, c_int, c_int, c_int]),
@@ -209,6 +211,14 @@ def cuOccupancyMaxActiveBlocksPerMultiprocessor(fn: int, block_size: int, dynami
     blocks = c_int()
     err = function("cuOccupancyMaxActiveBlocksPerMultiprocessor")(byref(blocks), fn, block_size, dynamic_smem)
     return err, blocks.value
+
+
+def cuOccupancyMaxActiveClusters(fn: int, config_address: int) -> tuple[int, int]:
+    """(CUresult, the most clusters of the launch config at ``config_address`` (a CUlaunchConfig with a cluster
+    attribute) resident on the device at once), in the current context."""
+    clusters = c_int()
+    err = function("cuOccupancyMaxActiveClusters")(byref(clusters), fn, config_address)
+    return err, clusters.value
 
 
 # --- TMA ---------------------------------------------------------------------------------------------------

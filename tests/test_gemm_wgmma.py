@@ -114,6 +114,27 @@ def test_launch_shape():
     assert wgmma_launch_shape(1024, 8192, 4, 132, GemmWgmmaConfig(cluster=1, splits=12), 1).splits == 8
 
 
+def _gpc_clusters(gpcs: int, sms_per_gpc: int, blocks_per_sm: int):
+    """Clusters of S blocks resident at once when every cluster lies within one GPC of ``sms_per_gpc`` SMs."""
+    return lambda splits: gpcs * (sms_per_gpc * blocks_per_sm // splits)
+
+
+def test_cluster_launch_shape_fits_one_wave_of_clusters():
+    # 8B o, 2 warpgroups (32 blocks along N) at 2 blocks per SM: the rule's 8 splits make 32 clusters of 8; 8 GPCs
+    # of 16 SMs hold 8 x (32 // 8) = 32 of them (fits), 7 GPCs of 18 SMs 7 x (36 // 8) = 28 (7 splits: 35 fit)
+    fits = wgmma_launch_shape(4096, 4096, 4, 132, GemmWgmmaConfig(cluster=1), 2, _gpc_clusters(8, 16, 2))
+    assert fits.splits == 8
+    shape = wgmma_launch_shape(4096, 4096, 4, 132, GemmWgmmaConfig(cluster=1), 2, _gpc_clusters(7, 18, 2))
+    clusters = _gpc_clusters(7, 18, 2)(shape.splits)
+    assert shape.blocks_n == 32 and shape.splits == 7 and clusters == 35 >= shape.blocks_n
+    # a forced count is lowered the same way; nothing fits: no split (a plain launch)
+    assert wgmma_launch_shape(4096, 4096, 4, 132, GemmWgmmaConfig(cluster=1, splits=8), 2,
+                              _gpc_clusters(7, 18, 2)).splits == 7
+    assert wgmma_launch_shape(4096, 4096, 4, 132, GemmWgmmaConfig(cluster=1), 2, lambda splits: 0).splits == 1
+    # the workspace form ignores cluster counts
+    assert wgmma_launch_shape(4096, 4096, 4, 132, GemmWgmmaConfig(), 2, lambda splits: 0).splits == 8
+
+
 def test_plan_kernels_name_the_module_and_reduction():
     (src, name, defines), reduce = gemm_wgmma.GemmWgmmaPlan.kernels(40, wo.torch.float16, 4)
     assert (src, name) == (SOURCE, "gemm_wgmma_mt8")

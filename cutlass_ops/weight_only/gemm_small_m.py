@@ -80,16 +80,17 @@ class GemmSmallMPlan(SplitKGemvPlan):
         smem = gemm_small_m_smem(m_tiles, qw.bits, config.stages)
         build_staged(self, qw, M, dtype, device, config, source="gemm_small_m.cu", name=f"gemm_small_m_mt{m_tiles}",
                      smem=smem, threads=32 * config.warps,
-                     launch_shape=lambda occupancy: small_m_launch_shape(qw.N, qw.K, qw.bits, sm_count(device), config,
-                                                                         occupancy))
+                     launch_shape=lambda occupancy, _clusters: small_m_launch_shape(
+                         qw.N, qw.K, qw.bits, sm_count(device), config, occupancy))
 
 
 def build_staged(plan: SplitKGemvPlan, qw, M: int, dtype, device: int, config, *, source: str, name: str, smem: int,
                  threads: int, launch_shape, cluster_sum: bool = False) -> None:
     """Build a plan of the kernels whose blocks stage the activations in ``smem`` bytes of dynamic shared memory
     (gemm_small_m, gemm_wgmma; their parameters are GemmSmallMArgs'): load ``name`` of ``source`` with the
-    config's defines, check that a block of ``threads`` fits, size the grid with ``launch_shape(blocks per SM)``
-    (a SmallMShape), pack the weight's words and initialize ``plan``'s launch, split-K reduction and
+    config's defines, check that a block of ``threads`` fits, size the grid with ``launch_shape(blocks per SM,
+    max_clusters)`` (a SmallMShape; ``max_clusters(S)``: the clusters of S splits resident at once, None without
+    ``cluster_sum``), pack the weight's words and initialize ``plan``'s launch, split-K reduction and
     ``config`` / ``shape`` / ``occupancy`` (what ran: benchmarks report them). ``cluster_sum``: the kernel sums its
     K splits itself, launched as clusters of (1, splits, 1) blocks (gemm_wgmma's ``cluster``)."""
     K, N, G = qw.K, qw.N, qw.num_groups
@@ -99,7 +100,9 @@ def build_staged(plan: SplitKGemvPlan, qw, M: int, dtype, device: int, config, *
     occupancy = kernel.max_active_blocks(threads, smem, device)
     if occupancy < 1:
         raise RuntimeError(f"{name} {config} cannot run with {smem} bytes of shared memory on device {device}")
-    shape = launch_shape(occupancy)
+    max_clusters = (lambda splits: kernel.max_active_clusters(threads, smem, (1, splits, 1), device)) \
+        if cluster_sum else None
+    shape = launch_shape(occupancy, max_clusters)
     qweight = aligned_qweight(qw)
     so = scale_offset_words(qw, dtype)
     args = GemmSmallMArgs(B=qweight.data_ptr(), scale_offset=so.data_ptr(), M=M, N=N, K=K, G=G,

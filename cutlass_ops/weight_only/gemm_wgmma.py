@@ -34,5 +34,5 @@ class GemmWgmmaPlan(SplitKGemvPlan):
         build_staged(self, qw, M, dtype, device, config, source=SOURCE, name=f"gemm_wgmma_mt{m_tiles}",
                      smem=gemm_wgmma_smem(m_tiles, config.stages, config.cluster * config.warpgroups),
                      threads=128 * config.warpgroups, cluster_sum=bool(config.cluster),
-                     launch_shape=lambda occupancy: wgmma_launch_shape(qw.N, qw.K, qw.bits, sm_count(device), config,
-                                                                       occupancy))
+                     launch_shape=lambda occupancy, max_clusters: wgmma_launch_shape(
+                         qw.N, qw.K, qw.bits, sm_count(device), config, occupancy, max_clusters))

@@ -8,7 +8,7 @@ launch for a GPU. ``cutlass_ops.weight_only`` re-exports all of it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 __all__ = ["GemmConfig", "GEMM_CONFIGS", "default_gemm_config", "GemvMmaConfig", "SMALL_M_GEMV_MMA",
            "default_gemv_mma_config", "StreamConfig", "StreamShape", "stream_launch_shape", "chunk_elems",
@@ -375,9 +375,21 @@ def gemm_wgmma_smem(m_tiles: int, stages: int, cluster_warpgroups: int = 0) -> i
 
 
 def wgmma_launch_shape(N: int, K: int, bits: int, sm_count: int, config: GemmWgmmaConfig = GemmWgmmaConfig(),
-                       blocks_per_sm: int = 1) -> SmallMShape:
+                       blocks_per_sm: int = 1, max_clusters: Callable[[int], int] | None = None) -> SmallMShape:
     """The gemm_wgmma grid for one problem on one GPU (pure arithmetic, no GPU needed): :func:`staged_launch_shape`
-    with its stages of ``WGMMA_STAGE_ELEMS``, each split keeping at least ``WGMMA_MIN_SPLIT_STAGES``."""
-    return staged_launch_shape(N, K, sm_count, config.rows_per_block, WGMMA_STAGE_ELEMS, chunk_elems(bits),
-                               WGMMA_MIN_SPLIT_STAGES, config.splits, blocks_per_sm,
-                               WGMMA_MAX_CLUSTER if config.cluster else None)
+    with its stages of ``WGMMA_STAGE_ELEMS``, each split keeping at least ``WGMMA_MIN_SPLIT_STAGES``.
+
+    The cluster sum (``config.cluster``) takes at most ``WGMMA_MAX_CLUSTER`` splits, and fewer while the
+    ``blocks_n`` clusters of S splits would not all be resident at once: ``max_clusters(S)``, the device's count
+    (``Kernel.max_active_clusters``), is below SMs x blocks per SM / S when clusters do not tile the SMs of each GPC,
+    and a cluster launch past it runs a second wave."""
+    def shape(max_splits):
+        return staged_launch_shape(N, K, sm_count, config.rows_per_block, WGMMA_STAGE_ELEMS, chunk_elems(bits),
+                                   WGMMA_MIN_SPLIT_STAGES, config.splits, blocks_per_sm, max_splits)
+
+    if not config.cluster:
+        return shape(None)
+    fitted = shape(WGMMA_MAX_CLUSTER)
+    while max_clusters is not None and fitted.splits > 1 and fitted.blocks_n > max_clusters(fitted.splits):
+        fitted = shape(fitted.splits - 1)
+    return fitted

@@ -18,12 +18,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from custom_kernels.device import capability, target_arch
+from custom_kernels.device import capability, sm_count, target_arch
+from custom_kernels.launch import load_kernel
 from custom_kernels.nvrtc import compile_file
 from cutlass_ops import weight_only as wo
 from cutlass_ops.formats import QuantizedWeight
 from cutlass_ops.weight_only import dispatch
-from cutlass_ops.weight_only.variants import GemmWgmmaConfig, default_gemm_wgmma_config
+from cutlass_ops.weight_only.gemm_wgmma import SOURCE
+from cutlass_ops.weight_only.shared import wo_defines
+from cutlass_ops.weight_only.variants import GemmWgmmaConfig, default_gemm_wgmma_config, wgmma_launch_shape
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_weight_only_gpu import _check, _check_graph_replay, _dtype_id, _inputs, _weight  # noqa: E402  (helpers)
@@ -130,13 +133,33 @@ def test_it_is_the_hopper_default():
                          ids=["int4-f16-M64", "int8-bf16-M17", "int4-bf16-M128"])
 def test_cluster_sums_the_k_splits(splits, K, bits, dtype, M):
     """GemmWgmmaConfig.cluster: the K splits of a block of rows run as one cluster that sums them in the kernel (one
-    launch, no workspace, no splitk_reduce); ragged N, every M tile width, against the reference."""
-    qw = _weight(4096 + 16, K, bits, 64, False)
+    launch, no workspace, no splitk_reduce); ragged N (few enough blocks that every forced count fits one wave of
+    clusters), every M tile width, against the reference."""
+    qw = _weight(1024 + 16, K, bits, 64, False)
     x, bias = _inputs(M, K, qw.N, dtype, seed=36)
     config = GemmWgmmaConfig(warpgroups=4 if M > 64 else 2, stages=3, cluster=1, splits=splits)
     plan = wo.get_plan(qw, M, dtype, torch.cuda.current_device(), STRATEGY, config)
     assert plan.splits == splits and plan.reduce is None and plan.gemv.shape.cluster == (1, splits, 1)
     _check(x, qw, bias, M % 3, STRATEGY, config=config)
+
+
+@pytest.mark.parametrize("min_blocks", [1, 2])
+def test_cluster_grid_fits_one_wave(min_blocks):
+    """The cluster form takes no more splits than leave its clusters all resident at once (the driver's
+    cuOccupancyMaxActiveClusters, no larger than the SMs' block slots allow), and the result is still right."""
+    dev = torch.cuda.current_device()
+    qw = _weight(4096, 4096, 4, 128, False)
+    x, bias = _inputs(64, 4096, qw.N, torch.float16, seed=37)
+    config = GemmWgmmaConfig(stages=3, min_blocks=min_blocks, cluster=1)
+    plan = wo.get_plan(qw, 64, torch.float16, dev, STRATEGY, config)
+    kernel = load_kernel(SOURCE, plan.gemv.shape.name, wo_defines(torch.float16, 4, config))
+    threads, smem = 128 * config.warpgroups, plan.gemv.shape.smem
+    splits, blocks_n = plan.splits, plan.shape.blocks_n
+    clusters = kernel.max_active_clusters(threads, smem, (1, splits, 1), dev)
+    assert 1 < splits <= wgmma_launch_shape(qw.N, qw.K, 4, sm_count(dev), config, plan.occupancy).splits
+    assert blocks_n <= clusters <= sm_count(dev) * plan.occupancy // splits
+    assert plan.gemv.shape.cluster == (1, splits, 1)
+    _check(x, qw, bias, 0, STRATEGY, config=config)
 
 
 @pytest.mark.parametrize("cluster", [0, 1], ids=["workspace", "cluster"])

@@ -69,6 +69,26 @@ def test_functions_and_occupancy_match_cuda_bindings():
         Module(cubin.data, "fill").kernel("absent").function(0)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or capability() < 90, reason="thread-block clusters need sm_90")
+def test_cluster_occupancy_matches_cuda_bindings():
+    cubin = nvrtc.compile_source(SRC, target_arch(), name="fill.cu")
+    kernel = Module(cubin.data, "fill").kernel("fill")
+    torch.zeros(1, device="cuda")  # torch's primary context current on this thread
+    for threads, smem, cluster in ((128, 0, (1, 2, 1)), (256, 40 << 10, (1, 4, 1)), (1024, 0, (8, 1, 1))):
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = cluster
+        config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+        config.sharedMemBytes = smem
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+        config.attrs = [attr]
+        config.numAttrs = 1
+        theirs = _cp(driver.cuOccupancyMaxActiveClusters(driver.CUfunction(kernel.function(0)), config))
+        ours = kernel.max_active_clusters(threads, smem, cluster, 0)
+        assert ours == theirs and 0 < ours
+
+
 def test_error_texts_are_the_drivers():
     error = driver.CUresult.CUDA_ERROR_INVALID_VALUE
     name = _cp(driver.cuGetErrorName(error)).decode()
