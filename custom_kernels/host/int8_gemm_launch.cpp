@@ -155,10 +155,8 @@ at::Tensor padded_copy(const at::Tensor& t, int64_t rows) {
 
 // unpad_rows (custom_kernels/kernels/unpad_rows.cu) per (device, load width): D = D_pad[:, :N].
 struct UnpadLaunch {
-  CUfunction function;
-  int64_t max_blocks;  // blocks of 256 threads, one 16-byte vector per thread and trip
-  CUlaunchAttribute attr;
-  bool pdl;
+  Launch1D launch;     // blocks of 256 threads
+  int64_t max_blocks;  // one 16-byte vector per thread and trip
 };
 std::unordered_map<int64_t, UnpadLaunch>& g_unpad = *new std::unordered_map<int64_t, UnpadLaunch>();
 
@@ -172,16 +170,7 @@ CUresult launch_unpad(const UnpadLaunch& u, const at::Tensor& D_pad, const at::T
   int32_t row = static_cast<int32_t>(D.size(-1) * size), pitch = static_cast<int32_t>(D_pad.size(1) * size);
   void* args[] = {&src, &dst, &total, &row, &pitch};  // padding.UnpadRowsArgs' order
   const int64_t vecs = (total + 15) / 16;
-  CUlaunchAttribute attr = u.attr;
-  CUlaunchConfig config{};
-  config.gridDimX = static_cast<unsigned>(std::max<int64_t>(1, std::min((vecs + 255) / 256, u.max_blocks)));
-  config.gridDimY = config.gridDimZ = 1;
-  config.blockDimX = 256;
-  config.blockDimY = config.blockDimZ = 1;
-  config.hStream = reinterpret_cast<CUstream>(stream);
-  config.attrs = u.pdl ? &attr : nullptr;
-  config.numAttrs = u.pdl ? 1 : 0;
-  return g_launch(&config, u.function, args, nullptr);
+  return u.launch(std::max<int64_t>(1, std::min((vecs + 255) / 256, u.max_blocks)), stream, args);
 }
 
 // The padded problem of an N that plan p's kernel cannot store: N rounded up to its alignment, Python's kept copy
@@ -267,10 +256,7 @@ int64_t padded_count() { return static_cast<int64_t>(g_padded.size()); }
 void register_unpad(int64_t device, int64_t width, int64_t function, int64_t max_blocks, bool pdl) {
   TORCH_CHECK(function != 0 && max_blocks > 0 && (width == 1 || width == 2 || width == 4 || width == 8 || width == 16),
               "register_unpad: bad launch parameters");
-  UnpadLaunch u{reinterpret_cast<CUfunction>(function), max_blocks, CUlaunchAttribute{}, pdl};
-  u.attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-  u.attr.value.programmaticStreamSerializationAllowed = 1;
-  g_unpad[unpad_key(device, width)] = u;
+  g_unpad[unpad_key(device, width)] = UnpadLaunch{Launch1D(reinterpret_cast<CUfunction>(function), 256, pdl), max_blocks};
 }
 
 int64_t register_plan(int64_t slot_A, int64_t slot_B, int64_t slot_C, int64_t slot_D, bool c_is_d, int64_t always,
@@ -469,8 +455,7 @@ struct QuantKeyHash {
 
 // quant_token_<dtype> on one device for rows of K elements (quant_token.py: _plan).
 struct QuantLaunch {
-  CUfunction function;
-  unsigned threads;
+  Launch1D launch;
   int64_t rows_per_block;  // rows one block takes at a time (8 warps / warps_per_row)
   int32_t warps_per_row;
   int64_t grid_cap;        // blocks past which the grid strides over row groups
@@ -501,7 +486,7 @@ void register_quant_token(int64_t device, const at::Tensor& x_example, int64_t K
                   grid_cap > 0, "register_quant_token: bad launch parameters");
   if (g_quant.size() >= kQuantKept) g_quant.clear();
   g_quant[QuantKey{static_cast<int>(device), static_cast<int>(x_example.scalar_type()), K}] =
-      QuantLaunch{reinterpret_cast<CUfunction>(function), static_cast<unsigned>(threads), rows_per_block,
+      QuantLaunch{Launch1D(reinterpret_cast<CUfunction>(function), threads, false), rows_per_block,
                   static_cast<int32_t>(warps_per_row), grid_cap};
 }
 
@@ -617,13 +602,7 @@ py::object run_channel(const at::Tensor& x, const at::Tensor& B, const at::Tenso
   int64_t lda = K;
   int32_t M32 = static_cast<int32_t>(M), K32 = static_cast<int32_t>(K), w = q.warps_per_row;
   void* quant_args[] = {&x_ptr, &lda, &aq_ptr, &s_ptr, &M32, &K32, &w};  // QuantTokenArgs' order
-  CUlaunchConfig config{};
-  config.gridDimX = static_cast<unsigned>(std::min((M + q.rows_per_block - 1) / q.rows_per_block, q.grid_cap));
-  config.gridDimY = config.gridDimZ = 1;
-  config.blockDimX = q.threads;
-  config.blockDimY = config.blockDimZ = 1;
-  config.hStream = reinterpret_cast<CUstream>(stream);
-  CUresult err = g_launch(&config, q.function, quant_args, nullptr);
+  CUresult err = q.launch(std::min((M + q.rows_per_block - 1) / q.rows_per_block, q.grid_cap), stream, quant_args);
   if (err != CUDA_SUCCESS) return py::make_tuple(0, static_cast<int>(err));
   err = launch(*state, gemm_args, stream);
   if (err != CUDA_SUCCESS) return py::make_tuple(1, static_cast<int>(err));

@@ -40,3 +40,25 @@ inline void fill_launch_config(CUlaunchConfig& c, CUlaunchAttribute (&attrs)[2],
   c.attrs = n_attrs ? attrs : nullptr;
   c.numAttrs = n_attrs;
 }
+
+// A one-dimensional launch (blocks of `threads`, no dynamic shared memory, optionally a programmatic dependent) whose
+// CUlaunchConfig fill_launch_config builds once; a call sets only the grid and the stream, on a copy (callers may
+// share one). attrs lives in the object, so the copy is pointed at it per call (the object may have been copied
+// into a table since its config was built).
+struct Launch1D {
+  CUfunction function = nullptr;
+  CUlaunchConfig config{};
+  CUlaunchAttribute attrs[2]{};
+
+  Launch1D() = default;
+  Launch1D(CUfunction f, int64_t threads, bool pdl) : function(f) {
+    fill_launch_config(config, attrs, {1, 1, 1}, {threads, 1, 1}, 0, {1, 1, 1}, pdl);
+  }
+  CUresult operator()(int64_t grid, int64_t stream, void** args) const {
+    CUlaunchConfig c = config;
+    c.gridDimX = static_cast<unsigned>(grid);
+    c.hStream = reinterpret_cast<CUstream>(stream);
+    c.attrs = c.numAttrs ? const_cast<CUlaunchAttribute*>(attrs) : nullptr;
+    return g_launch(&c, function, args, nullptr);
+  }
+};
