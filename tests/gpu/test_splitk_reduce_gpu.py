@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cutlass_ops.reference import apply_activation
 from cutlass_ops.weight_only.shared import ELEMENT
 from cutlass_ops.weight_only.splitk import reduce_launch
 
@@ -22,21 +23,13 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 2.0 ** -24}
 
 
-def _act(v: torch.Tensor, act: int) -> torch.Tensor:
-    if act == 1:
-        return v.clamp_min(0)
-    if act == 2:
-        return v.clamp(0, 6)
-    return v
-
-
 def _emulated(workspace: torch.Tensor, bias: torch.Tensor | None, act: int, dtype) -> torch.Tensor:
     v = torch.zeros_like(workspace[0])
     for s in range(workspace.shape[0]):
         v = v + workspace[s]
     if bias is not None:
         v = v + bias.float()
-    return _act(v, act).to(dtype)
+    return apply_activation(v, act).to(dtype)
 
 
 def _run(workspace, bias, act, dtype, D):
@@ -66,7 +59,7 @@ def test_reduce_sums_in_split_order(dtype, splits, M, N, act):
     out = _run(workspace, bias, act, dtype, torch.empty(M, N, dtype=dtype, device="cuda"))
     assert torch.equal(out, _emulated(workspace, bias, act, dtype))
     ref = workspace.double().sum(0) + (0 if bias is None else bias.double())
-    ref = _act(ref, act)
+    ref = apply_activation(ref, act)
     tol = splits * 2.0 ** -24 * workspace.double().abs().sum(0) + UNIT_ROUNDOFF[dtype] * ref.abs() * 1.01 + 1e-30
     assert bool(((out.double() - ref).abs() <= tol).all())
 
