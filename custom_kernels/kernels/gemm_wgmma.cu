@@ -216,12 +216,12 @@ __device__ __forceinline__ void cluster_sum_store(const float (&acc)[1][kMTiles]
         v[2] += x[b].z;
         v[3] += x[b].w;
       }
-    // Accumulator j of (warp w, M tile i, lane (g, t)): weight row 16 w + g + 8 (j >> 1), activation row
-    // 8 i + 2 t + (j & 1) (gemv_store.cuh's mapping).
+    // Float4 e holds the accumulators of lane l of warp w, M tile i (as stored above).
     const int l = e & 31, i = (e >> 5) % kMTiles, w = (e >> 5) / kMTiles;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int n = n_block + 16 * w + (l >> 2) + 8 * (j >> 1), m = 8 * i + 2 * (l & 3) + (j & 1);
+      const int n = cuops::gemv::accumulator_n(n_block + 16 * w, l >> 2, j);
+      const int m = cuops::gemv::accumulator_m(8 * i, l & 3, j);
       if (n < N && m < M) cuops::gemv::store_output(D, static_cast<int64_t>(m) * N + n, v[j], bias, n, act);
     }
   }

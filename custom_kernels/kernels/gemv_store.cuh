@@ -13,10 +13,15 @@ __device__ __forceinline__ void store_output(T* D, int64_t index, float v, const
   D[index] = from_float<T>(apply_activation(v, act));
 }
 
-// A warp's swap-AB mma accumulators (kRowTiles 16-row tiles of N from n0, kMTiles 8-row tiles of M; lane
-// g = lane / 4, t = lane % 4): accumulator j of tile (r, i) is weight row g + 8 (j >> 1), activation row
-// 2t + (j & 1). One K split (gridDim.y == 1) stores D; several write their slice of the fp32 workspace
-// [splits, M, N] that splitk_reduce sums.
+// Where accumulator j (0..3) of lane (g = lane / 4, t = lane % 4) of a swap-AB mma.m16n8 tile lies, given the
+// tile's first weight row n_tile (N) and activation row m_tile (M): weight row n_tile + g + 8 (j >> 1), activation
+// row m_tile + 2 t + (j & 1). gemm_wgmma's accumulators of a warp's 16 rows follow the same mapping.
+__device__ __forceinline__ int accumulator_n(int n_tile, int g, int j) { return n_tile + g + 8 * (j >> 1); }
+__device__ __forceinline__ int accumulator_m(int m_tile, int t, int j) { return m_tile + 2 * t + (j & 1); }
+
+// A warp's swap-AB mma accumulators (kRowTiles 16-row tiles of N from n0, kMTiles 8-row tiles of M) at
+// accumulator_n / accumulator_m. One K split (gridDim.y == 1) stores D; several write their slice of the fp32
+// workspace [splits, M, N] that splitk_reduce sums.
 template <typename T, int kRowTiles, int kMTiles>
 __device__ __forceinline__ void store_accumulators(const float (&acc)[kRowTiles][kMTiles][4], int n0, int g, int t,
                                                    const T* bias, T* D, float* workspace, int M, int N, int act) {
@@ -26,8 +31,8 @@ __device__ __forceinline__ void store_accumulators(const float (&acc)[kRowTiles]
     for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int n = n0 + 16 * r + g + 8 * (j >> 1);
-        const int m = 8 * i + 2 * t + (j & 1);
+        const int n = accumulator_n(n0 + 16 * r, g, j);
+        const int m = accumulator_m(8 * i, t, j);
         if (n < N && m < M) {
           if (gridDim.y == 1) {
             store_output(D, static_cast<int64_t>(m) * N + n, acc[r][i][j], bias, n, act);
