@@ -99,8 +99,8 @@ GEMM_SMALL_M_FROM_M = 8  # below it gemm_small_m's shared activation tile buys n
 # gemm_wgmma variants (sm_90 only, from M = 16): the default's two forms (3 stages and 2 blocks per SM; 4 stages and
 # 1 block), 4 stages with 2 blocks, and 4 warpgroups per block (256 rows of N share one staged activation tile)
 # with 3 and 4 stages; and the 2-warpgroup forms with their K splits summed in a cluster (GemmWgmmaConfig.cluster:
-# 0.90-0.97x the workspace form's time where N gives 2 splits or a small grid, up to 1.6x where the clusters of 4-8
-# blocks fill more than one wave; design.md section 4).
+# 0.90-0.97x the workspace form's time where N gives 2 splits or a small grid; with its splits lowered to one wave
+# of clusters, 1.00-1.24x where N gives 32-64 blocks of rows; design.md section 4).
 GEMM_WGMMA_CONFIGS = (GemmWgmmaConfig(stages=3, min_blocks=2), GemmWgmmaConfig(), GemmWgmmaConfig(min_blocks=2),
                       GemmWgmmaConfig(warpgroups=4, stages=3), GemmWgmmaConfig(warpgroups=4),
                       GemmWgmmaConfig(stages=3, min_blocks=2, cluster=1), GemmWgmmaConfig(cluster=1),
