@@ -90,6 +90,15 @@ GEMV_MMA_WIDE_FROM_M = 9
 _GEMV_MMA_WIDE_M = (GemvMmaConfig(row_tiles=2, unroll=2, min_blocks=2, warps=8, splits=1, full_batches=1),
                     GemvMmaConfig(row_tiles=2, unroll=4, min_blocks=1, warps=8, splits=1, full_batches=1),
                     GemvMmaConfig(row_tiles=4, unroll=2, min_blocks=1, warps=8, splits=1, full_batches=1))
+# Four 16-row tiles, one trip in flight, two blocks per SM (128 registers), for M = 9..16 only (mt4 ignores min_blocks:
+# 217 registers, one block). Why: at M = 16 a lane issues 8 16-byte activation loads per trip, two per weight load
+# at 2 row tiles and one at 4, and that count, not where the loads hit, sets the W4 time (design.md section 10). On
+# the H200 (fp16 W4, M = 16) they took the wide weights well below the best of the others: 8B gate_up 38.2 -> 29.2 us,
+# gate 20.7 -> 16.8, qkv-12288 19.0 -> 16.6, 70B gate_up 123.0 -> 110.0; narrow N keeps r2u4 (8B o, down).
+GEMV_MMA_R4U1_TO_M = 16
+_GEMV_MMA_R4U1 = (GemvMmaConfig(row_tiles=4, unroll=1, min_blocks=2, warps=8, splits=1, full_batches=1),
+                  GemvMmaConfig(row_tiles=4, unroll=1, min_blocks=2, warps=8, full_batches=1),
+                  GemvMmaConfig(row_tiles=4, unroll=1, min_blocks=2, warps=4, full_batches=1))
 # gemm_small_m variants (of sweep_gemv.small_m_configs, the ones fastest somewhere in
 # scripts/results/nvidia-h100/sweep_small_m.md): the default, the rule's 2 stages (r2w8s2), 4 row tiles x 4
 # warps (wide N at M <= 32), 4 warps (long K at small M).
@@ -131,7 +140,8 @@ class Candidate(NamedTuple):
 
 def candidates(M: int, cc: int = 80) -> list[Candidate]:
     """The candidates timed at M rows on sm_``cc``, the reference (gemv_mma's default variant) first."""
-    gemv = (*GEMV_MMA_CONFIGS, *(_GEMV_MMA_WIDE_M if M >= GEMV_MMA_WIDE_FROM_M else ()))
+    gemv = (*GEMV_MMA_CONFIGS, *(_GEMV_MMA_WIDE_M if M >= GEMV_MMA_WIDE_FROM_M else ()),
+            *(_GEMV_MMA_R4U1 if GEMV_MMA_WIDE_FROM_M <= M <= GEMV_MMA_R4U1_TO_M else ()))
     found = [Candidate("gemv_mma", c) for c in gemv]
     if M >= GEMM_SMALL_M_FROM_M:
         found += [Candidate("gemm_small_m", c) for c in GEMM_SMALL_M_CONFIGS if M <= c.max_m]

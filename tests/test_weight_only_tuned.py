@@ -271,6 +271,10 @@ def test_candidates(tuner):
     at64 = tuner.candidates(64)
     assert len(at64) == gemv + wide + 3  # the row_tiles=4 gemm_small_m takes M <= 32
     assert len(tuner.candidates(32)) == gemv + wide + 4
+    r4u1 = len(tuner._GEMV_MMA_R4U1)  # M = 9..16 only
+    assert len(tuner.candidates(tuner.GEMV_MMA_R4U1_TO_M)) == gemv + wide + r4u1 + 4
+    assert len(tuner.candidates(tuner.GEMV_MMA_WIDE_FROM_M)) == gemv + wide + r4u1 + 4
+    assert "gemv_mma r4u1b2w4f" in [c.label for c in tuner.candidates(16)]
     labels = [c.label for c in at64]
     assert "gemv_mma r4u2b1w8k1f" in labels
     assert "gemv_mma r1u8b1w4" in labels and "gemv_mma r2u4b2w8k1" in labels and "gemm_small_m r2w8s2" in labels

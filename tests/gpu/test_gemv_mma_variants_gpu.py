@@ -8,7 +8,7 @@ launch: K = 4224 / 4160 (132 / 130 int4 chunks: full batches, then a partial one
 never a full batch); M = 1, 5, 16, 40 (gemv_mma_mt1 / mt2 / mt8); N = 48 (one block) and 4096 + 16 (the last
 block's rows end inside its tile); int4 / int8, fp16 / bf16, block 32 / 64 / 128 / per-channel, K split across
 blocks (the plan's default where N leaves SMs idle) and not; and the tuner's row-tile / unroll / blocks-per-SM
-shapes for M = 9..32.
+shapes for M = 9..32 (four row tiles at one trip in flight: M = 9..16).
 """
 from __future__ import annotations
 
@@ -38,7 +38,10 @@ VARIANTS = (GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=4, chains=2
             # the tuner's shapes for M = 9..32 (two trips in flight; one block per SM, 2 and 4 row tiles)
             GemvMmaConfig(row_tiles=2, unroll=2, min_blocks=2, warps=8, splits=1, full_batches=1),
             GemvMmaConfig(row_tiles=2, unroll=4, min_blocks=1, warps=8, splits=1, full_batches=1),
-            GemvMmaConfig(row_tiles=4, unroll=2, min_blocks=1, warps=8, splits=1, full_batches=1))
+            GemvMmaConfig(row_tiles=4, unroll=2, min_blocks=1, warps=8, splits=1, full_batches=1),
+            # and for M = 9..16: four row tiles, one trip in flight, two blocks per SM (4 warps: K split by the plan)
+            GemvMmaConfig(row_tiles=4, unroll=1, min_blocks=2, warps=8, splits=1, full_batches=1),
+            GemvMmaConfig(row_tiles=4, unroll=1, min_blocks=2, warps=4, full_batches=1))
 BITS_DTYPES = ((4, torch.float16), (8, torch.bfloat16), (4, torch.bfloat16), (8, torch.float16))
 K_FOR_BLOCK = {32: 4160, 64: 4160, 128: 4224, None: 4160}
 
