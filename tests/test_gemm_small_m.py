@@ -258,7 +258,8 @@ def test_strategy_problem_names_the_constraint():
 
 @pytest.mark.parametrize("M, N, dtype, cc, block_size, expected", [
     (1, 4096, torch.float16, 90, 64, "gemv_mma"),       # below GEMM_SMALL_M_MIN_M
-    (8, 4096, torch.float16, 90, 64, "gemm_small_m"),   # narrow weight: from M = 8
+    (16, 4096, torch.float16, 80, 64, "gemv_mma"),      # narrow weight below GEMM_SMALL_M_MIN_M = 17
+    (17, 4096, torch.float16, 80, 64, "gemm_small_m"),  # narrow weight: from M = 17
     (8, 6144, torch.float16, 90, 64, "gemv_mma"),       # wide weight below GEMM_SMALL_M_WIDE_MIN_M
     (31, 28672, torch.float16, 80, 64, "gemv_mma"),     # (sm_90 takes gemm_wgmma from M = 17)
     (32, 28672, torch.bfloat16, 80, 64, "gemm_small_m"),  # wide weight from M = 32

@@ -111,7 +111,7 @@ def test_strategies_name_every_planner():
     (dispatch.GEMM_WGMMA_LIMIT_M, torch.float16, 90, 4, 64, "gemm_wgmma"),   # Hopper: wgmma up to its limit
     (dispatch.GEMM_WGMMA_LIMIT_M + 1, torch.float16, 90, 4, 64, "dequant_cublas"),
     (dispatch.GEMM_WGMMA_MIN_M, torch.bfloat16, 90, 8, 128, "gemm_wgmma"),
-    (dispatch.GEMM_WGMMA_MIN_M - 1, torch.float16, 90, 4, 128, "gemm_small_m"),  # a narrow weight, below wgmma
+    (dispatch.GEMM_WGMMA_MIN_M - 1, torch.float16, 90, 4, 128, "gemv_mma"),  # a narrow weight, below wgmma
     (96, torch.float16, 90, 4, 16, "gemm_mma"),           # block 16 < one int4 chunk: wgmma refuses it
     (96, torch.float32, 90, 4, 64, "gemm_simt"),          # wgmma takes fp16 / bf16 only
     (4096, torch.bfloat16, 80, 8, 128, "dequant_cublas"),
@@ -121,7 +121,8 @@ def test_strategies_name_every_planner():
     (256, torch.float16, 90, 8, 2, "gemm_simt"),          # int8 block 2: no 32-bit word per group
     (1, torch.float16, 90, 4, 64, "gemv_mma"),            # SMALL_M_GEMV default
     (7, torch.bfloat16, 90, 8, 64, "gemv_mma"),
-    (8, torch.bfloat16, 90, 4, 64, "gemm_small_m"),       # GEMM_SMALL_M_MIN_M (a narrow int4 weight)
+    (17, torch.bfloat16, 80, 4, 64, "gemm_small_m"),      # GEMM_SMALL_M_MIN_M (a narrow int4 weight)
+    (16, torch.bfloat16, 80, 4, 64, "gemv_mma"),          # below it
     (32, torch.bfloat16, 80, 8, 64, "gemv_mma"),          # int8: from GEMM_SMALL_M_INT8_MIN_M
     (1, torch.float16, 75, 4, 64, "gemv_simt"),           # the table applies on sm_80+ only
 ])

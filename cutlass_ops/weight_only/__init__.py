@@ -81,13 +81,14 @@ from .tuned import tuned_for
 from .variants import (
     GEMM_CONFIGS, SMALL_M_GEMV_MMA, GemmConfig, GemmSmallMConfig, GemmWgmmaConfig, GemvMmaConfig, SmallMShape,
     StreamConfig,
-    StreamShape, default_gemm_config, default_gemm_small_m_config, default_gemv_mma_config, gemm_small_m_smem,
-    small_m_launch_shape, stream_launch_shape,
+    StreamShape, default_gemm_config, default_gemm_small_m_config, default_gemv_mma_config, default_gemv_mma_configs,
+    gemm_small_m_smem, small_m_launch_shape, stream_launch_shape,
 )
 
 __all__ = ["STRATEGIES", "GEMV_MMA_MAX_M", "DEQUANT_CUBLAS_MIN_M", "SMALL_M_GEMV", "PLANS", "GemmConfig",
            "GEMM_CONFIGS", "GemvMmaConfig", "SMALL_M_GEMV_MMA", "StreamConfig", "StreamShape",
-           "default_gemm_config", "default_gemv_mma_config", "stream_launch_shape", "linear_weight_only",
+           "default_gemm_config", "default_gemv_mma_config", "default_gemv_mma_configs", "stream_launch_shape",
+           "linear_weight_only",
            "dequantize_weight", "choose_strategy", "strategy_problem", "get_plan", "dispatch",
            "ELEMENT", "block_shift", "pack_scale_offset", "gemm_mma_smem", "GemmSmallMConfig", "GemmWgmmaConfig", "SmallMShape",
            "default_gemm_small_m_config", "gemm_small_m_smem", "small_m_launch_shape", "plan_class",

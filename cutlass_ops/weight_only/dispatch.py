@@ -41,10 +41,14 @@ GEMV_MMA_LIMIT_M = 64   # kMTiles = 8 tiles of 8 rows
 # (scripts/results/nvidia-h100/sweep_small_m.md, us): 4096 x 4096 M = 8 / 16 / 32 / 64: 9.3 / 10.5 / 12.7 /
 # 17.5 vs gemv_mma 15.0 / 18.6 / 26.5 / 39.3; 6144 x 4096 M = 16: 14.0 vs 11.5 (gemv_mma keeps M < 32 there),
 # M = 32 / 64: 17.7 / 23.8 vs 20.2 / 32.6; 28672 x 4096 M = 32 / 64: 48.9 / 71.4 vs 68.0 / 112.9.
+# Below M = 17 gemv_mma's rule variants (variants.default_gemv_mma_config: full batches, no K split) took its place
+# on the narrow int4 weights (thirtieth session, H200, fp16, us, gemm_small_m / gemv_mma): M = 8 4096 x 4096 8.9 / 6.0,
+# 4096 x 14336 20.6 / 17.1, 2048 x 2048 6.7 / 4.4, 3072 x 3072 7.6 / 5.3; M = 16 10.3 / 7.8, 22.3 / 22.3, 7.4 / 5.9
+# (2048 x 8192 M = 16 the one loss: 10.3 / 11.2).
 # Read at each dispatch (``cutlass_ops.weight_only.dispatch.GEMM_SMALL_M_DEFAULT``, the module attribute);
 # default plans already cached for a weight and M keep their strategy.
 GEMM_SMALL_M_DEFAULT = True
-GEMM_SMALL_M_MIN_M = 8
+GEMM_SMALL_M_MIN_M = 17
 GEMM_SMALL_M_LIMIT_M = 64  # gemm_small_m_mt8: 8 tiles of 8 rows
 GEMM_SMALL_M_WIDE_MIN_M = 32   # below it, only weights of N <= GEMM_SMALL_M_NARROW_N take gemm_small_m
 GEMM_SMALL_M_NARROW_N = 4096

@@ -18,7 +18,7 @@ from custom_kernels.launch import I32, KernelArgs, Launch, LaunchConfig, Ptr, lo
 
 from .shared import ELEMENT, scale_offset_words, wo_defines
 from .splitk import SplitKGemvPlan, reduce_kernel
-from .variants import GemvMmaConfig, chunk_elems, default_gemv_mma_config
+from .variants import GemvMmaConfig, chunk_elems, default_gemv_mma_config, default_gemv_mma_configs
 
 __all__ = ["GemvMmaArgs", "GatherArgs", "GemvMmaPlan", "GemvMmaPdlPlan", "GemvMmaGatherPlan", "gemv_mma_tiles", "gather_kernel"]
 
@@ -61,8 +61,8 @@ class GemvMmaPlan(SplitKGemvPlan):
     def kernels(cls, M: int, dtype, bits: int, config: GemvMmaConfig | None = None) -> tuple:
         """(source, kernel, defines) of every kernel the plan for M rows may load: the GEMV, the split-K
         reduction (where the GPU's SM count makes it split K) and, act-order, the gather."""
-        config = config or default_gemv_mma_config(M, bits)
-        return ((SOURCE, f"gemv_mma_mt{gemv_mma_tiles(M)}", cls.module_defines(dtype, bits, config)),
+        configs = (config,) if config else default_gemv_mma_configs(M, bits)
+        return (*((SOURCE, f"gemv_mma_mt{gemv_mma_tiles(M)}", cls.module_defines(dtype, bits, c)) for c in configs),
                 reduce_kernel(ELEMENT[dtype]), *((gather_kernel(),) if cls.gather else ()))
 
     def __init__(self, qw, M: int, dtype, device: int, config: GemvMmaConfig | None = None):

@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 from typing import Callable, ClassVar
 
 __all__ = ["GemmConfig", "GEMM_CONFIGS", "default_gemm_config", "GemvMmaConfig", "SMALL_M_GEMV_MMA",
-           "default_gemv_mma_config", "StreamConfig", "StreamShape", "stream_launch_shape", "chunk_elems",
+           "default_gemv_mma_config", "default_gemv_mma_configs", "StreamConfig", "StreamShape", "stream_launch_shape",
+           "chunk_elems",
            "GemmSmallMConfig", "default_gemm_small_m_config", "small_m_tiles", "gemm_small_m_smem", "SmallMShape",
            "small_m_launch_shape", "staged_launch_shape", "GemmWgmmaConfig", "default_gemm_wgmma_config", "wgmma_tiles",
            "gemm_wgmma_smem", "wgmma_launch_shape"]
@@ -118,19 +119,73 @@ _SMALL_M_MAX_M = 4
 _WIDE_WARPS_MIN_CHUNKS = 192
 
 
+# The rule beyond the above (thirtieth session; H200, every tune_weight_only candidate timed on the 18 Llama weights
+# and 6 narrow ones, fp16 and bf16, W4 and W8, then the rule through the public API on 28 weights; design.md
+# section 4):
+# - K is split across blocks only where N gives fewer 16-row tiles than a quarter of the SMs: the split's
+#   workspace and reduction cost more than the idle SMs on every weight measured down to N = 896 (56 tiles for 132
+#   SMs; 8B k 1024 x 4096 W4 M = 1 6.5 us split, 3.3 whole; 1B o 2048 x 2048 W4 M = 8 7.3 -> 4.4);
+# - NARROW_GEMV_MMA (one row tile, 8 warps, 2 blocks per SM, full batches) where two row tiles leave SMs idle: at
+#   M <= 4 on fewer 16-row tiles than half the SMs (where SMALL_M_GEMV_MMA would split K), from M = 5 on fewer
+#   32-row blocks than half the SMs, at M = 5..16 for int8 than the SMs (0.40-0.93x the time of the rule before on
+#   six weights of N = 896-1152, 0.71-0.91x on N = 2048-4096 int8 at M = 8 / 16; at M = 32 / 64 1.13-1.38x slower
+#   than two row tiles there, 0.64-1.02x at N = 2048);
+# - int4 from M = 5 with full batches (0.92-0.95x the time without at M = 5..16, geometric mean; int8 at M = 5..8
+#   1.00x, up to 1.13x slower on wide weights, so int8 keeps the default there);
+# - M = 9..16: int8 weights take 2 trips of loads in flight (r2u2: 0.65x the time of the rule before, every weight
+#   faster); int4 weights four row tiles where that still gives a block per SM (half the activation loads per weight
+#   load: 8B gate_up 28672 x 4096 M = 16 41.4 -> 32.8 us), else MID_M_GEMV_MMA.
+NARROW_GEMV_MMA = GemvMmaConfig(row_tiles=1, unroll=4, min_blocks=2, warps=8, full_batches=1)
+MID_M_GEMV_MMA = GemvMmaConfig(row_tiles=2, unroll=4, min_blocks=2, warps=8, full_batches=1)
+M16_INT8_GEMV_MMA = GemvMmaConfig(row_tiles=2, unroll=2, min_blocks=2, warps=8, full_batches=1)
+M16_WIDE_GEMV_MMA = GemvMmaConfig(row_tiles=4, unroll=1, min_blocks=2, warps=8, full_batches=1)
+_MID_M_MAX_M = 16
+
+
+def _splits(N: int, sm_count: int) -> int | None:
+    """1 (K whole) unless N gives fewer 16-row tiles than a quarter of the SMs (None: GemvMmaPlan's split rule)."""
+    return 1 if 4 * -(-N // 16) >= sm_count else None
+
+
+def _narrow(M: int, bits: int, N: int, sm_count: int) -> bool:
+    """Whether NARROW_GEMV_MMA takes the weight: fewer 16-row tiles than half the SMs at M <= 4, fewer 32-row
+    blocks than half the SMs above (than the SMs for int8 at M = 5..16)."""
+    if M <= _SMALL_M_MAX_M:
+        return 2 * -(-N // 16) < sm_count
+    return (1 if bits == 8 and M <= _MID_M_MAX_M else 2) * -(-N // 32) < sm_count
+
+
+def default_gemv_mma_configs(M: int, bits: int) -> tuple[GemvMmaConfig, ...]:
+    """Every compiled variant (module) :func:`default_gemv_mma_config` may pick for M rows of ``bits``-bit
+    weights, whatever the shape and GPU (the first: the choice without a shape): what the default dispatch can load."""
+    if M <= _SMALL_M_MAX_M:
+        return SMALL_M_GEMV_MMA, NARROW_GEMV_MMA
+    if M <= 8:
+        return (MID_M_GEMV_MMA if bits == 4 else GemvMmaConfig()), NARROW_GEMV_MMA
+    if M <= _MID_M_MAX_M:
+        return (M16_INT8_GEMV_MMA, NARROW_GEMV_MMA) if bits == 8 else (MID_M_GEMV_MMA, M16_WIDE_GEMV_MMA,
+                                                                        NARROW_GEMV_MMA)
+    return GemvMmaConfig(), NARROW_GEMV_MMA
+
+
 def default_gemv_mma_config(M: int, bits: int, N: int | None = None, K: int | None = None,
                             sm_count: int | None = None) -> GemvMmaConfig:
     """The gemv_mma variant the default dispatch uses for M rows of ``bits``-bit weights; given the weight's
-    N and K and the GPU's SM count, also its warps per block and K splits (launch choices: the compiled
-    module is the same)."""
-    if M > _SMALL_M_MAX_M:
-        return GemvMmaConfig()
+    N and K and the GPU's SM count, the variant for that shape with its warps per block and K splits
+    (:func:`default_gemv_mma_configs` names every module it may pick)."""
+    modules = default_gemv_mma_configs(M, bits)
     if N is None or K is None or sm_count is None:
-        return SMALL_M_GEMV_MMA
-    blocks = -(-N // (16 * SMALL_M_GEMV_MMA.row_tiles))
-    wide = blocks <= 2 * sm_count and K // chunk_elems(bits) >= _WIDE_WARPS_MIN_CHUNKS
-    return replace(SMALL_M_GEMV_MMA, warps=8 if wide else SMALL_M_GEMV_MMA.warps,
-                   splits=1 if 2 * blocks >= sm_count else None)
+        return modules[0]
+    splits = _splits(N, sm_count)
+    if _narrow(M, bits, N, sm_count):
+        return replace(NARROW_GEMV_MMA, splits=splits)
+    if M <= _SMALL_M_MAX_M:
+        blocks = -(-N // (16 * SMALL_M_GEMV_MMA.row_tiles))
+        wide = blocks <= 2 * sm_count and K // chunk_elems(bits) >= _WIDE_WARPS_MIN_CHUNKS
+        return replace(SMALL_M_GEMV_MMA, warps=8 if wide else SMALL_M_GEMV_MMA.warps, splits=splits)
+    if M16_WIDE_GEMV_MMA in modules and -(-N // (16 * M16_WIDE_GEMV_MMA.row_tiles)) >= sm_count:
+        return replace(M16_WIDE_GEMV_MMA, splits=splits)
+    return replace(modules[0], splits=splits)
 
 
 _STREAM_ROWS = StreamConfig().rows              # GEMV_STREAM_ROWS default: weight rows per warp

@@ -208,6 +208,29 @@ def test_gemv_mma_every_m_tile_count(bits, dtype, M):
     _check(x, qw, bias, 2, "gemv_mma")
 
 
+@pytest.mark.parametrize("M", [5, 9, 16])
+@pytest.mark.parametrize("bits, dtype", [(4, torch.float16), (4, torch.bfloat16), (8, torch.float16)])
+@pytest.mark.parametrize("wide", [False, True], ids=["narrow", "wide"])
+def test_default_gemv_mma_rule_from_m5(bits, dtype, M, wide):
+    """The rule's modules at M = 5..16 through the default dispatch, K whole: a weight just wide enough for one
+    64-row block per SM takes four row tiles at M = 9..16 for int4, one just under a 32-row block per two SMs one
+    row tile (both ragged in N)."""
+    from custom_kernels.device import sm_count
+    from cutlass_ops.weight_only.variants import M16_WIDE_GEMV_MMA, NARROW_GEMV_MMA
+
+    sms = sm_count(0)
+    N, K = (64 * sms + 7 if wide else 16 * sms - 40), 1088
+    qw = _weight(N, K, bits, 64, False)
+    config = wo.default_gemv_mma_config(M, bits, N, K, sms)
+    expected = (M16_WIDE_GEMV_MMA if bits == 4 and M > 8 else wo.default_gemv_mma_configs(M, bits)[0]) if wide \
+        else NARROW_GEMV_MMA
+    assert config.defines() == expected.defines() and config.splits == 1
+    major, minor = torch.cuda.get_device_capability(0)
+    assert wo.choose_strategy(M, dtype, qw, 10 * major + minor) == "gemv_mma"
+    x, bias = _inputs(M, K, N, dtype, seed=11)
+    _check(x, qw, bias, 1, None)
+
+
 @pytest.mark.parametrize("config", wo.GEMM_CONFIGS, ids=lambda c: f"m_tile{c.m_tile}")
 @pytest.mark.parametrize("bits, dtype, M, block_size", [(4, torch.float16, 17, 64), (8, torch.float16, 200, 64),
                                                         (4, torch.bfloat16, 129, 32), (8, torch.bfloat16, 64, None),
