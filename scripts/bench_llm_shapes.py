@@ -21,7 +21,14 @@ at >= 80% of copy BW; M = 2..16 within 1.3x of the same shape's M = 1 time; W4 a
 faster than cuBLAS. A summary counts the shapes meeting each target per dtype and bits.
 
     python scripts/bench_llm_shapes.py [--quick] [--shapes 8B 70B/down 4096x14336] [--M 1 16]
-        [--dtypes fp16] [--bits 4] [--gemm-small-m] [--out PATH]   # default: scripts/results/<gpu>/llm_shapes.md
+        [--dtypes fp16] [--bits 4] [--rules | --gemm-small-m] [--out PATH]
+        # default table: scripts/results/<gpu>/llm_shapes.md
+
+``--rules`` times the rule-based dispatch (the tuning file off: ``CUTLASS_OPS_TUNED=0``) on the weights above and on
+OTHER_SHAPES, weights of other models that no tuning file names (Qwen2.5-7B qkv 4608 x 3584, o, gate+up, down;
+Qwen2.5-0.5B qkv, o, gate+up, down; Phi-3-mini qkv 9216 x 3072; the unfused k projection of Llama-3-8B / 70B, 1024
+rows), to measure what a GPU or a model without tuned entries gets (default table:
+scripts/results/<gpu>/llm_shapes_rules.md); ``--shapes`` then picks among both lists.
 
 ``--gemm-small-m`` turns on ``weight_only.dispatch.GEMM_SMALL_M_DEFAULT`` for the run (strategy "gemm_small_m"
 by default for 9 <= M <= 64 on sm_80+ fp16/bf16), to measure the switch before flipping it in the source
@@ -39,6 +46,7 @@ import gc
 import io
 import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -50,7 +58,7 @@ from _timing import Rotating, graph_us, table, write_report
 from bench_weight_only import copy_bandwidth, weight_bytes
 
 import cutlass_ops
-from cutlass_ops.weight_only import choose_strategy
+from cutlass_ops.weight_only import choose_strategy, tuned
 
 log = logging.getLogger("bench_llm_shapes")
 
@@ -64,6 +72,13 @@ SHAPES = (  # (model, layer, N, K)
     ("3.2-1B", "down", 2048, 8192),
     ("3.2-3B", "qkv", 5120, 3072), ("3.2-3B", "o", 3072, 3072), ("3.2-3B", "gate_up", 16384, 3072),
     ("3.2-3B", "down", 3072, 8192),
+)
+# Weights of other models, timed with --rules (no tuning file names them)
+OTHER_SHAPES = (
+    ("Qwen2.5-7B", "qkv", 4608, 3584), ("Qwen2.5-7B", "o", 3584, 3584), ("Qwen2.5-7B", "gate_up", 37888, 3584),
+    ("Qwen2.5-7B", "down", 3584, 18944), ("Qwen2.5-0.5B", "qkv", 1152, 896), ("Qwen2.5-0.5B", "o", 896, 896),
+    ("Qwen2.5-0.5B", "gate_up", 9728, 896), ("Qwen2.5-0.5B", "down", 896, 4864), ("Phi-3-mini", "qkv", 9216, 3072),
+    ("8B", "k", 1024, 4096), ("70B", "k", 1024, 8192),
 )
 QUICK_SHAPES = ("8B/qkv", "8B/o", "8B/gate_up", "8B/down")
 M_VALUES = (1, 2, 4, 8, 16, 32, 64)
@@ -204,8 +219,10 @@ def report(shapes, args, results: dict, qbytes: dict, reads: dict, bw: float, l2
              "bare kernel that only reads the packed weight + scale/offset bytes (scripts/kernels/read_bandwidth.cu, "
              "best of its launch shapes), timed the same way, and read kernel time / W time: what any GEMV reading "
              "those bytes in one launch could reach, launch and ramp included."
-             + (" Default dispatch with `GEMM_SMALL_M_DEFAULT` on (gemm_small_m for 9 <= M <= 64)."
-                if getattr(args, "gemm_small_m", False) else ""), "",
+             + (" Default dispatch with `GEMM_SMALL_M_DEFAULT` on."
+                if getattr(args, "gemm_small_m", False) else "")
+             + (" Rule-based dispatch: the tuning file off (`CUTLASS_OPS_TUNED=0`), Llama weights and others that no"
+                " tuning file names." if getattr(args, "rules", False) else ""), "",
              "Targets (! marks a miss): " + "; ".join(TARGETS.values()) + ".", "",
              table(header, rows), "", "Summary (shapes meeting each target, of those measured):", ""]
     for dt in args.dtypes:
@@ -222,34 +239,57 @@ def report(shapes, args, results: dict, qbytes: dict, reads: dict, bw: float, l2
     return lines
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="default: scripts/results/<gpu>/llm_shapes.md")
     parser.add_argument("--quick", action="store_true",
                         help=f"{', '.join(QUICK_SHAPES)}; M = 1, 16, 64; fp16 (the filters below still apply)")
     parser.add_argument("--shapes", nargs="+", metavar="S",
-                        help="names (8B/qkv), models (70B), layers (down) or NxK (4096x14336); default all")
+                        help="names (8B/qkv), models (70B), layers (down) or NxK (4096x14336), of SHAPES "
+                             "(with --rules and OTHER_SHAPES); default all")
     parser.add_argument("--M", type=int, nargs="+", help=f"default {' '.join(map(str, M_VALUES))}")
     parser.add_argument("--dtypes", nargs="+", choices=sorted(DTYPES), help="default fp16 bf16")
     parser.add_argument("--bits", type=int, nargs="+", choices=(4, 8), default=[4, 8], help="default 4 8")
-    parser.add_argument("--gemm-small-m", action="store_true",
-                        help="default dispatch with weight_only.dispatch.GEMM_SMALL_M_DEFAULT on (9 <= M <= 64)")
-    args = parser.parse_args()
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--rules", action="store_true",
+                      help="the rule-based dispatch (tuning file off) on these weights and OTHER_SHAPES")
+    mode.add_argument("--gemm-small-m", action="store_true",
+                      help="default dispatch with weight_only.dispatch.GEMM_SMALL_M_DEFAULT on")
+    args = parser.parse_args(argv)
+    args.M = sorted(set(args.M or ((1, 16, 64) if args.quick else M_VALUES)))
+    args.dtypes = args.dtypes or (["fp16"] if args.quick else list(DTYPES))
+    args.bits = sorted(set(args.bits))
+    return args
+
+
+def selected_shapes(args: argparse.Namespace) -> list:
+    """SHAPES (with --rules and OTHER_SHAPES), those of --quick, then those --shapes picks."""
+    pool = SHAPES + OTHER_SHAPES if args.rules else SHAPES
+    shapes = [s for s in pool if name(s) in QUICK_SHAPES] if args.quick else list(pool)
+    return [s for s in shapes if selected(s, args.shapes)] if args.shapes else shapes
+
+
+def apply_mode(args: argparse.Namespace) -> None:
+    """--rules: the tuning file off for this process (read at each dispatch); --gemm-small-m: that strategy on."""
+    if args.rules:
+        os.environ[tuned.ENV_SWITCH] = "0"
     if args.gemm_small_m:
         from cutlass_ops.weight_only import dispatch
 
         dispatch.GEMM_SMALL_M_DEFAULT = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    apply_mode(args)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(relativeCreated)8.0f ms %(message)s")
     if not torch.cuda.is_available():
         log.error("needs a CUDA GPU")
         return 1
-    shapes = [s for s in SHAPES if name(s) in QUICK_SHAPES] if args.quick else list(SHAPES)
-    shapes = [s for s in shapes if selected(s, args.shapes)] if args.shapes else shapes
-    args.M = sorted(set(args.M or ((1, 16, 64) if args.quick else M_VALUES)))
-    args.dtypes = args.dtypes or (["fp16"] if args.quick else list(DTYPES))
-    args.bits = sorted(set(args.bits))
+    shapes = selected_shapes(args)
     if not shapes:
-        log.error("--shapes selects none of %s", ", ".join(name(s) for s in SHAPES))
+        pool = SHAPES + (OTHER_SHAPES if args.rules else ())
+        log.error("--shapes selects none of %s", ", ".join(name(s) for s in pool))
         return 2
     start = time.perf_counter()
     torch.manual_seed(0)
@@ -271,7 +311,8 @@ def main() -> int:
             last = k == len(shapes) - 1
             with contextlib.redirect_stdout(io.StringIO()) if not last else contextlib.nullcontext():
                 write_report(report(shapes, args, results, qbytes, reads, bw, l2, failed), args.out,
-                             "llm_shapes_gemm_small_m" if args.gemm_small_m else "llm_shapes")
+                             "llm_shapes_gemm_small_m" if args.gemm_small_m else
+                             "llm_shapes_rules" if args.rules else "llm_shapes")
     log.info("done: %d shapes in %.0f s%s", len(shapes), time.perf_counter() - start,
              f", {len(failed)} failed" if failed else "")
     return 1 if failed else 0

@@ -399,3 +399,25 @@ def test_wgmma_entries_need_a_hopper_file():
         with pytest.raises(ValueError, match="gemm_wgmma needs sm_90"):
             tuned.parse_section({"compute_capability": cc, "entries": [entry]} if cc else {"entries": [entry]},
                                 "a100.json")
+
+
+def test_llm_shapes_rules_mode(monkeypatch):
+    """bench_llm_shapes --rules: the tuning file off for the run, other models' weights added (--shapes picks among
+    both lists then, among the Llama ones otherwise); it excludes --gemm-small-m."""
+    bench = _load_script("bench_llm_shapes")
+    assert bench.selected_shapes(bench.parse_args([])) == list(bench.SHAPES)
+    llama = bench.selected_shapes(bench.parse_args(["--shapes", "8B/o", "1024x4096"]))
+    assert [bench.name(s) for s in llama] == ["8B/o"]
+    rules = bench.parse_args(["--rules"])
+    assert bench.selected_shapes(rules) == list(bench.SHAPES + bench.OTHER_SHAPES)
+    picked = bench.selected_shapes(bench.parse_args(["--rules", "--shapes", "Qwen2.5-0.5B", "1024x4096"]))
+    assert [bench.name(s) for s in picked] == ["Qwen2.5-0.5B/qkv", "Qwen2.5-0.5B/o", "Qwen2.5-0.5B/gate_up",
+                                              "Qwen2.5-0.5B/down", "8B/k"]
+    assert not {bench.name(s) for s in bench.OTHER_SHAPES} & {bench.name(s) for s in bench.SHAPES}
+    monkeypatch.setenv(tuned.ENV_SWITCH, "1")
+    bench.apply_mode(bench.parse_args([]))
+    assert tuned.enabled()
+    bench.apply_mode(rules)
+    assert not tuned.enabled()
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--rules", "--gemm-small-m"])
