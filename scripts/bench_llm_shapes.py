@@ -31,7 +31,8 @@ rows), to measure what a GPU or a model without tuned entries gets (default tabl
 scripts/results/<gpu>/llm_shapes_rules.md); ``--shapes`` then picks among both lists.
 
 ``--gemm-small-m`` turns on ``weight_only.dispatch.GEMM_SMALL_M_DEFAULT`` for the run (strategy "gemm_small_m"
-by default for 9 <= M <= 64 on sm_80+ fp16/bf16), to measure the switch before flipping it in the source
+by default for ``GEMM_SMALL_M_MIN_M`` <= M <= 64 on sm_80+ fp16/bf16), to measure the switch before flipping it in
+the source
 (default table: scripts/results/<gpu>/llm_shapes_gemm_small_m.md).
 
 The table is rewritten after each shape (a run cut short keeps what it measured); progress goes to
@@ -262,9 +263,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def shape_pool(args: argparse.Namespace) -> tuple:
+    """SHAPES, with --rules and OTHER_SHAPES."""
+    return SHAPES + OTHER_SHAPES if args.rules else SHAPES
+
+
 def selected_shapes(args: argparse.Namespace) -> list:
-    """SHAPES (with --rules and OTHER_SHAPES), those of --quick, then those --shapes picks."""
-    pool = SHAPES + OTHER_SHAPES if args.rules else SHAPES
+    """The shapes of :func:`shape_pool`, those of --quick, then those --shapes picks."""
+    pool = shape_pool(args)
     shapes = [s for s in pool if name(s) in QUICK_SHAPES] if args.quick else list(pool)
     return [s for s in shapes if selected(s, args.shapes)] if args.shapes else shapes
 
@@ -288,8 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     shapes = selected_shapes(args)
     if not shapes:
-        pool = SHAPES + (OTHER_SHAPES if args.rules else ())
-        log.error("--shapes selects none of %s", ", ".join(name(s) for s in pool))
+        log.error("--shapes selects none of %s", ", ".join(name(s) for s in shape_pool(args)))
         return 2
     start = time.perf_counter()
     torch.manual_seed(0)

@@ -150,9 +150,8 @@ def candidates(M: int, cc: int = 80) -> list[Candidate]:
     return found
 
 
-def rule_candidate(strategy: str, M: int, bits: int, N: int | None = None, K: int | None = None,
-                   sm_count: int | None = None) -> Candidate | None:
-    """The rule-based dispatch's choice as a candidate (the variant its plan builds: gemv_mma's warps and K
+def rule_candidate(strategy: str, M: int, bits: int, N: int, K: int, sm_count: int) -> Candidate | None:
+    """The rule-based dispatch's choice as a candidate (the variant its plan builds: gemv_mma's variant, warps and K
     splits depend on N, K and the SM count), None for another strategy."""
     if strategy == "gemv_mma":
         return Candidate(strategy, default_gemv_mma_config(M, bits, N, K, sm_count))
@@ -265,10 +264,10 @@ def precompile(bits_list, m_values, cc: int, arch: str, jobs: int, dtype: torch.
     modules = set()
     for bits in bits_list:
         for M in m_values:
-            rules = [rule_candidate(s, M, bits) for s in ("gemv_mma", "gemm_small_m")]
-            for cand in {*candidates(M, cc), *filter(None, rules)}:
-                for source, _kernel, defines in plan_class(cand.strategy, cc).kernels(M, dtype, bits, cand.config):
-                    modules.add((source, tuple(sorted(defines.items()))))
+            uses = [plan_class(c.strategy, cc).kernels(M, dtype, bits, c.config) for c in candidates(M, cc)]
+            uses += [plan_class(s, cc).kernels(M, dtype, bits) for s in ("gemv_mma", "gemm_small_m")]  # the rules'
+            for source, _kernel, defines in (use for kernels in uses for use in kernels):
+                modules.add((source, tuple(sorted(defines.items()))))
     t0 = time.perf_counter()
     with ProcessPoolExecutor(jobs) as pool:
         for done in pool.map(_compile, [(f, d, arch) for f, d in sorted(modules)]):

@@ -14,7 +14,9 @@ import torch
 
 from cutlass_ops.cutlass.tuning import TUNING_DIR as INT8_TUNING_DIR, gpu_file_name
 from cutlass_ops.weight_only import tuned
-from cutlass_ops.weight_only.variants import GemmSmallMConfig, GemmWgmmaConfig, GemvMmaConfig, default_gemv_mma_config
+from cutlass_ops.weight_only.variants import (
+    GemmSmallMConfig, GemmWgmmaConfig, GemvMmaConfig, default_gemv_mma_config, default_gemv_mma_configs,
+)
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 GPU = "NVIDIA Test GPU 80GB"
@@ -278,10 +280,13 @@ def test_candidates(tuner):
     labels = [c.label for c in at64]
     assert "gemv_mma r4u2b1w8k1f" in labels
     assert "gemv_mma r1u8b1w4" in labels and "gemv_mma r2u4b2w8k1" in labels and "gemm_small_m r2w8s2" in labels
-    for M in (1, 4, 8, 33, 64):  # the rule's variants are among the candidates (no untimed compile)
-        for strategy in ("gemv_mma", "gemm_small_m"):
-            assert tuner.rule_candidate(strategy, M, 4) in tuner.candidates(M) or M < tuner.GEMM_SMALL_M_FROM_M
-    assert tuner.rule_candidate("dequant_cublas", 128, 4) is None
+    for M in (1, 4, 8, 16, 33, 64):  # the rule's variants are among the candidates (no untimed compile)
+        for bits in (4, 8):
+            timed = {frozenset(c.config.defines().items()) for c in tuner.candidates(M) if c.strategy == "gemv_mma"}
+            assert {frozenset(c.defines().items()) for c in default_gemv_mma_configs(M, bits)} <= timed
+        small_m = tuner.rule_candidate("gemm_small_m", M, 4, 4096, 4096, 132)
+        assert small_m in tuner.candidates(M) or M < tuner.GEMM_SMALL_M_FROM_M
+    assert tuner.rule_candidate("dequant_cublas", 128, 4, 4096, 4096, 132) is None
     # the rule's gemv_mma variant for a weight and GPU (warps and K splits by N, K and SM count)
     assert tuner.rule_candidate("gemv_mma", 1, 8, 4096, 14336, 132) == tuner.Candidate(
         "gemv_mma", default_gemv_mma_config(1, 8, 4096, 14336, 132))

@@ -202,7 +202,7 @@ def linear_weight_only(x2d: torch.Tensor, qw, bias: torch.Tensor | None = None, 
     contiguous [M, N] tensor of x2d.dtype, 16-byte aligned, written in full. config: a kernel variant
     for the strategy (benchmarks and tests): GemmConfig for "gemm_mma" (None =
     ``default_gemm_config(M)``), GemvMmaConfig for "gemv_mma" (None = ``default_gemv_mma_config(M,
-    bits)``), StreamConfig for "gemv_stream" (None = the defaults), GemmSmallMConfig for "gemm_small_m"
+    bits, N, K, SMs)``), StreamConfig for "gemv_stream" (None = the defaults), GemmSmallMConfig for "gemm_small_m"
     (None = ``default_gemm_small_m_config(M, bits)``), GemmWgmmaConfig for "gemm_wgmma" (None =
     ``default_gemm_wgmma_config(M, bits)``). perm: act-order, an int32 contiguous
     tensor [K] on x2d's device with values in [0, K) (checked by the caller): the result is

@@ -143,7 +143,8 @@ _MID_M_MAX_M = 16
 
 
 def _splits(N: int, sm_count: int) -> int | None:
-    """1 (K whole) unless N gives fewer 16-row tiles than a quarter of the SMs (None: GemvMmaPlan's split rule)."""
+    """1 (K whole) unless N gives fewer 16-row tiles than a quarter of the SMs (None: GemvMmaPlan's split rule,
+    which stays as it was: the tuned entries without ``splits`` were timed with it)."""
     return 1 if 4 * -(-N // 16) >= sm_count else None
 
 
@@ -157,7 +158,7 @@ def _narrow(M: int, bits: int, N: int, sm_count: int) -> bool:
 
 def default_gemv_mma_configs(M: int, bits: int) -> tuple[GemvMmaConfig, ...]:
     """Every compiled variant (module) :func:`default_gemv_mma_config` may pick for M rows of ``bits``-bit
-    weights, whatever the shape and GPU (the first: the choice without a shape): what the default dispatch can load."""
+    weights, whatever the shape and GPU: what the default dispatch can load."""
     if M <= _SMALL_M_MAX_M:
         return SMALL_M_GEMV_MMA, NARROW_GEMV_MMA
     if M <= 8:
@@ -168,14 +169,11 @@ def default_gemv_mma_configs(M: int, bits: int) -> tuple[GemvMmaConfig, ...]:
     return GemvMmaConfig(), NARROW_GEMV_MMA
 
 
-def default_gemv_mma_config(M: int, bits: int, N: int | None = None, K: int | None = None,
-                            sm_count: int | None = None) -> GemvMmaConfig:
-    """The gemv_mma variant the default dispatch uses for M rows of ``bits``-bit weights; given the weight's
-    N and K and the GPU's SM count, the variant for that shape with its warps per block and K splits
-    (:func:`default_gemv_mma_configs` names every module it may pick)."""
+def default_gemv_mma_config(M: int, bits: int, N: int, K: int, sm_count: int) -> GemvMmaConfig:
+    """The gemv_mma variant the default dispatch uses for M rows of a ``bits``-bit N x K weight on a GPU of
+    ``sm_count`` SMs, with its warps per block and K splits (:func:`default_gemv_mma_configs` names every module
+    it may pick)."""
     modules = default_gemv_mma_configs(M, bits)
-    if N is None or K is None or sm_count is None:
-        return modules[0]
     splits = _splits(N, sm_count)
     if _narrow(M, bits, N, sm_count):
         return replace(NARROW_GEMV_MMA, splits=splits)
