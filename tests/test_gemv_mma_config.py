@@ -1,29 +1,69 @@
 """The default gemv_mma variant and launch choices at small M (pure arithmetic, no GPU)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cutlass_ops.weight_only.variants import (
-    M16_INT8_GEMV_MMA, M16_WIDE_GEMV_MMA, MID_M_GEMV_MMA, NARROW_GEMV_MMA, SMALL_M_GEMV_MMA, GemvMmaConfig,
-    default_gemv_mma_config, default_gemv_mma_configs,
+    M16_INT8_GEMV_MMA, M16_WIDE_GEMV_MMA, MID_M_GEMV_MMA, NARROW_GEMV_MMA, SHORT_K_GEMV_MMA, SMALL_M_CHAINS_GEMV_MMA,
+    SMALL_M_FULL_GEMV_MMA, SMALL_M_GEMV_MMA, GemvMmaConfig, default_gemv_mma_config, default_gemv_mma_configs,
 )
 
 H100_SMS = 132
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_small_m_variant_is_one_module(bits):
-    """Shape-aware choices change only launch parameters down to N = 8 x SMs: the compiled module (its defines)
-    is the one ``kernels()`` names first from M and bits alone."""
-    for N, K in [(4096, 4096), (4096, 14336), (2048, 2048), (6144, 4096), (1056, 16384)]:
-        cfg = default_gemv_mma_config(1, bits, N, K, H100_SMS)
-        assert cfg.defines() == default_gemv_mma_configs(1, bits)[0].defines() == SMALL_M_GEMV_MMA.defines()
-    assert default_gemv_mma_configs(1, bits) == (SMALL_M_GEMV_MMA, NARROW_GEMV_MMA)
+NARROW_CHAINS = replace(NARROW_GEMV_MMA, chains=2)
+LONG_K_CHAINS = replace(SMALL_M_CHAINS_GEMV_MMA, warps=8)
+
+
+@pytest.mark.parametrize("bits, N, K, expected", [
+    # narrow (fewer 16-row tiles than half the SMs): two accumulator sets; eight trips at 8 warps once K is long
+    (4, 896, 896, NARROW_CHAINS),          # Qwen2.5-0.5B o: 1.00x the fastest (NARROW_GEMV_MMA 1.14x)
+    (4, 1024, 4096, NARROW_CHAINS),        # 128 chunks
+    (4, 1024, 8192, LONG_K_CHAINS),        # 70B k: 1.01x (NARROW_GEMV_MMA 1.10x)
+    (8, 896, 896, SHORT_K_GEMV_MMA),       # int8 at <= 64 chunks: 4 warps (8: 1.13x)
+    (8, 1024, 4096, LONG_K_CHAINS),        # 8B k int8: 1.00x (NARROW_GEMV_MMA 1.24x)
+    # under 2 tiles per SM: one tile at 2 blocks per SM with full batches; eight trips from 192 chunks
+    (4, 4096, 4096, NARROW_GEMV_MMA),      # 8B o: 1.00x (SMALL_M_GEMV_MMA 1.24x)
+    (4, 2048, 2048, NARROW_GEMV_MMA),      # 128 tiles: under one per SM, 8 warps
+    (4, 3072, 2048, SHORT_K_GEMV_MMA),     # 1B qkv, 64 chunks and >= a tile per SM: 4 warps (8: 1.31x)
+    (4, 4096, 14336, SMALL_M_FULL_GEMV_MMA),  # 8B down
+    (8, 2048, 2048, NARROW_CHAINS),        # int8, <= 128 chunks
+    (8, 4096, 4096, SMALL_M_FULL_GEMV_MMA),
+    # >= 2 tiles per SM
+    (8, 28672, 4096, SHORT_K_GEMV_MMA),    # every int8 weight there
+    (4, 16384, 2048, SHORT_K_GEMV_MMA),    # 1B gate_up, 64 chunks: 1.05x (SMALL_M_GEMV_MMA 1.51x)
+    (4, 6144, 4096, SMALL_M_CHAINS_GEMV_MMA),   # 8B qkv: 1.00x (SMALL_M_GEMV_MMA 1.36x)
+    (4, 12287, 4096, SMALL_M_CHAINS_GEMV_MMA),  # 768 tiles: under 6 per SM
+    (4, 12800, 4096, SMALL_M_GEMV_MMA),         # 800 tiles: the plain form
+    (4, 9216, 3072, SMALL_M_GEMV_MMA),     # Phi-3 qkv, 96 chunks: 1.00x (two sets 1.26x)
+    (4, 8192, 8192, MID_M_GEMV_MMA),       # 70B o: 256 32-row blocks, one wave at 2 per SM: 1.00x (1.31x)
+    (4, 8192, 28672, MID_M_GEMV_MMA),
+    (4, 10240, 8192, SMALL_M_GEMV_MMA),    # 70B qkv: 320 blocks of 32 rows, a second wave
+    (4, 28672, 4096, SMALL_M_GEMV_MMA),    # wide
+])
+@pytest.mark.parametrize("M", [1, 4])
+def test_small_m_rule(M, bits, N, K, expected):
+    """The M <= 4 variant by row tiles per SM and chunks per row (the reason of each case: its comment; H200
+    times relative to the fastest of 24 variants); always among the modules ``default_gemv_mma_configs`` names,
+    K whole from a 16-row tile per four SMs."""
+    cfg = default_gemv_mma_config(M, bits, N, K, H100_SMS)
+    assert cfg == replace(expected, splits=1)
+    assert any(cfg.defines() == c.defines() for c in default_gemv_mma_configs(M, bits))
+
+
+def test_small_m_modules():
+    """int8 at M <= 4 needs three modules (two sets at one or eight trips, eight trips with full batches), int4 those
+    and three more (one trip at full batches, two row tiles, the plain eight-trip form); the M = 4 / 5 boundary switches to the M = 5..8 rule."""
+    modules = lambda M, bits: {frozenset(c.defines().items()) for c in default_gemv_mma_configs(M, bits)}
+    assert len(modules(1, 8)) == 3 and len(modules(4, 4)) == 6 and modules(1, 8) < modules(1, 4)
+    assert frozenset(SMALL_M_GEMV_MMA.defines().items()) in modules(1, 4)
+    assert default_gemv_mma_config(5, 4, 6144, 4096, H100_SMS) == replace(MID_M_GEMV_MMA, splits=1)
+    assert default_gemv_mma_config(1, 4, 512, 4096, H100_SMS).splits is None  # 32 tiles: K split (the plan's rule)
 
 
 @pytest.mark.parametrize("M, bits, N, module, splits", [
-    (1, 4, 1040, NARROW_GEMV_MMA, 1),      # 65 16-row tiles for 132 SMs: one row tile, 8 warps, K whole
-    (4, 8, 512, NARROW_GEMV_MMA, None),    # 32 tiles: under a quarter of the SMs, K split (GemvMmaPlan's rule)
     (5, 4, 4096, MID_M_GEMV_MMA, 1),
     (8, 4, 2112, MID_M_GEMV_MMA, 1),       # 66 blocks of 32 rows: half the SMs
     (8, 4, 2048, NARROW_GEMV_MMA, 1),      # 64: one row tile (2048 x 2048 W4 4.4 -> 3.5 us)
@@ -45,20 +85,6 @@ def test_rule_from_m5(M, bits, N, module, splits):
     cfg = default_gemv_mma_config(M, bits, N, 4096, H100_SMS)
     assert cfg.defines() == module.defines() and cfg.splits == splits
     assert module in default_gemv_mma_configs(M, bits)
-
-
-@pytest.mark.parametrize("bits, N, K, warps, splits", [
-    (4, 4096, 14336, 8, 1),   # 256 blocks, 448 chunks: 8 warps
-    (8, 4096, 4096, 8, 1),    # 256 chunks of int8
-    (4, 4096, 4096, 4, 1),    # 128 chunks: too few for 8 warps
-    (4, 6144, 4096, 4, 1),    # 384 blocks > 2 per SM
-    (4, 2048, 2048, 4, 1),    # 128 blocks: still no K split
-    (8, 2048, 8192, 8, 1),
-    (4, 1056, 16384, 8, 1),   # 66 blocks for 132 SMs: the last N of SMALL_M_GEMV_MMA
-])
-def test_small_m_launch_choices(bits, N, K, warps, splits):
-    cfg = default_gemv_mma_config(1, bits, N, K, H100_SMS)
-    assert (cfg.warps, cfg.splits) == (warps, splits)
 
 
 def test_chains_and_full_batches_reach_the_kernel():

@@ -100,23 +100,39 @@ class StreamConfig:
 def default_gemm_config(M: int) -> GemmConfig:
     """64-row tiles up to M = 64 (measured 1.3x faster than 128 at M = 16..32 on an H200), else 128."""
     return GemmConfig(64 if M <= 64 else 128)
-# gemv_mma variant at M <= 4: one 16-row tile per warp, eight trips of loads in flight, 4 warps per block.
-# H100, W4A16 g128, M = 1: 21.9 vs 22.0 us (N = K = 8192) and 56.5 vs 61.1 us (N = 28672); at M = 8 within
-# 2% of the default, at M = 16 slower (scripts/sweep_gemv.py). int8 (H100, W8A16 g128, M = 1 and 4,
-# fp16, CUDA graphs): 8.5 vs 14.0 us at 4096 x 4096 and 26.7 vs 30.7 at 4096 x 14336, where the default's
-# two-tile rows left fewer blocks than SMs and split K (a second launch, +20 us of host time), within 4%
-# at 6144 x 4096 and 14336 x 4096.
+# gemv_mma variants at M <= 4. SMALL_M_GEMV_MMA (one 16-row tile per warp, eight trips of loads in flight, 4 warps
+# per block) was the one variant there until the thirty-first session (H100, W4A16 g128, M = 1: 21.9 vs 22.0 us at
+# N = K = 8192 against the M = 64 default, 56.5 vs 61.1 at N = 28672; int8 8.5 vs 14.0 at 4096 x 4096, where the
+# default's two-tile rows left fewer blocks than SMs and split K). It stays the choice on wide weights.
 SMALL_M_GEMV_MMA = GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=4)
 _SMALL_M_MAX_M = 4
-# With the shape known (:func:`default_gemv_mma_config`'s N, K, sm_count), at M <= 4:
-# - 8 warps per block where the rows leave <= 2 blocks per SM and K holds >= 192 chunks (3/4 of the
-#   8 warps x 4 chunks x 8 trips one loop of loads covers). H100, M = 1, us, 4 -> 8 warps: W4 4096 x 14336
-#   18.0 -> 14.0, 3072 x 8192 9.4 -> 7.3, 2048 x 8192 8.4 -> 6.2; W8 4096 x 4096 8.7 -> 7.3, 4096 x 14336
-#   26.4 -> 23.5, 3072 x 3072 6.9 -> 5.6; but W4 4096 x 4096 (128 chunks) 5.9 -> 7.4 and 6144 x 4096
-#   (384 blocks) 7.9 -> 11.6.
-# - K is not split while the rows give >= 1 block per 2 SMs: 2048 x 2048 W4 6.8 -> 3.9 us, W8 7.2 -> 3.9,
-#   2048 x 8192 W8 12.2 -> 8.9 (the split rule of GemvMmaPlan split these 2-3 ways, adding the reduction).
-_WIDE_WARPS_MIN_CHUNKS = 192
+# Since the thirty-first session the variant at M <= 4 depends on the row tiles per SM (t = ceil(N / 16) / SMs)
+# and the 16-byte chunks of a weight row (c = K / 32 int4, K / 16 int8). H200: all 24 M <= 4 candidates of the
+# tuner (its 16 and the eight-trip forms with K whole) timed on 29 weights (the 18 of bench_llm_shapes and 11 of
+# other models), M = 1 and 4, fp16 and bf16, through tune_weight_only's CUDA graphs; geometric mean of the
+# chosen variant's time over the fastest's, int4 / int8: SMALL_M_GEMV_MMA alone (with 8 warps on long K and
+# NARROW_GEMV_MMA on narrow weights) 1.166 / 1.118 (up to 1.67x: Qwen2.5-0.5B gate_up 9728 x 896), this rule
+# 1.026 / 1.033 (up to 1.19x / 1.25x). The measured reasons, per branch:
+# - two accumulator sets (chains = 2) on narrow weights (t < 1/2) and where a block's loop covers the row in a
+#   few trips: 896 x 896 / 1152 x 896 / 1024 x 4096 int4 1.00-1.02x the fastest (NARROW_GEMV_MMA 1.12-1.14x);
+#   int8 896 x 896 at 4 warps 1.00x (8 warps 1.13x);
+# - eight trips of loads and 8 warps with two sets where a narrow weight is long (c > 128 int4, > 64 int8):
+#   1024 x 8192 int4 1.01x, int8 1.00x (NARROW_GEMV_MMA 1.10 / 1.25x);
+# - one tile per block row at 2 blocks per SM with full batches (NARROW_GEMV_MMA) where the rows give < 2 tiles
+#   per SM and K is short: 4096 x 4096, 3072 x 3072, 3584 x 3584 int4 1.00x (SMALL_M_GEMV_MMA 1.19-1.29x);
+#   8 warps, eight trips and full batches there once K is long (c >= 192): 3072 x 8192 / 4096 x 14336 1.00 /
+#   1.02x; int8 at c <= 128 with two sets (2048 x 2048, 3072 x 2048: 1.01x);
+# - 4 warps, two sets, 2 blocks per SM where K is short (c <= 64) and the rows give a tile per SM or more:
+#   3072 x 2048 int4 1.00x (8 warps 1.31x), 16384 x 2048 1.05x (SMALL_M_GEMV_MMA 1.51x); the int8 choice on
+#   every weight of >= 2 tiles per SM (9728 x 896 1.00x, 28672 x 4096 1.00x, 8B qkv 6144 x 4096 1.13x);
+# - int4 at 2..6 tiles per SM with c = 112..128 (K = 3584..4096): eight trips, two sets, full batches (6144 x
+#   4096, 12288 x 4096, 4608 x 3584 1.00x; SMALL_M_GEMV_MMA 1.06-1.36x); at c = 96 (9216 x 3072) the plain
+#   form wins (1.00 vs 1.26x);
+# - int4 with c >= 256 and one wave of 32-row blocks (N / 32 <= 2 per SM): MID_M_GEMV_MMA (8192 x 8192,
+#   8192 x 28672 1.00x; SMALL_M_GEMV_MMA 1.31 / 1.36x).
+SMALL_M_CHAINS_GEMV_MMA = GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=4, chains=2, full_batches=1)
+SMALL_M_FULL_GEMV_MMA = GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=8, full_batches=1)
+SHORT_K_GEMV_MMA = GemvMmaConfig(row_tiles=1, unroll=4, min_blocks=2, warps=4, chains=2, full_batches=1)
 
 
 # The rule beyond the above (thirtieth session; H200, every tune_weight_only candidate timed on the 18 Llama weights
@@ -125,9 +141,8 @@ _WIDE_WARPS_MIN_CHUNKS = 192
 # - K is split across blocks only where N gives fewer 16-row tiles than a quarter of the SMs: the split's
 #   workspace and reduction cost more than the idle SMs on every weight measured down to N = 896 (56 tiles for 132
 #   SMs; 8B k 1024 x 4096 W4 M = 1 6.5 us split, 3.3 whole; 1B o 2048 x 2048 W4 M = 8 7.3 -> 4.4);
-# - NARROW_GEMV_MMA (one row tile, 8 warps, 2 blocks per SM, full batches) where two row tiles leave SMs idle: at
-#   M <= 4 on fewer 16-row tiles than half the SMs (where SMALL_M_GEMV_MMA would split K), from M = 5 on fewer
-#   32-row blocks than half the SMs, at M = 5..16 for int8 than the SMs (0.40-0.93x the time of the rule before on
+# - NARROW_GEMV_MMA (one row tile, 8 warps, 2 blocks per SM, full batches) where two row tiles leave SMs idle: from
+#   M = 5 on fewer 32-row blocks than half the SMs, at M = 5..16 for int8 than the SMs (at M <= 4 the rule above) (0.40-0.93x the time of the rule before on
 #   six weights of N = 896-1152, 0.71-0.91x on N = 2048-4096 int8 at M = 8 / 16; at M = 32 / 64 1.13-1.38x slower
 #   than two row tiles there, 0.64-1.02x at N = 2048);
 # - int4 from M = 5 with full batches (0.92-0.95x the time without at M = 5..16, geometric mean; int8 at M = 5..8
@@ -149,18 +164,42 @@ def _splits(N: int, sm_count: int) -> int | None:
 
 
 def _narrow(M: int, bits: int, N: int, sm_count: int) -> bool:
-    """Whether NARROW_GEMV_MMA takes the weight: fewer 16-row tiles than half the SMs at M <= 4, fewer 32-row
-    blocks than half the SMs above (than the SMs for int8 at M = 5..16)."""
-    if M <= _SMALL_M_MAX_M:
-        return 2 * -(-N // 16) < sm_count
+    """Whether NARROW_GEMV_MMA takes the weight at M = 5..64: fewer 32-row blocks than half the SMs (than the SMs for
+    int8 at M = 5..16)."""
     return (1 if bits == 8 and M <= _MID_M_MAX_M else 2) * -(-N // 32) < sm_count
+
+
+def _small_m_config(bits: int, N: int, K: int, sm_count: int) -> GemvMmaConfig:
+    """The M <= 4 variant for an N x K weight (the branches and their measurements: the comment above)."""
+    tiles, chunks = -(-N // 16), K // chunk_elems(bits)
+    narrow_chains = replace(NARROW_GEMV_MMA, chains=2)
+    long_k_chains = replace(SMALL_M_CHAINS_GEMV_MMA, warps=8)
+    if 2 * tiles < sm_count:  # narrow
+        if bits == 8:
+            return SHORT_K_GEMV_MMA if chunks <= 64 else long_k_chains
+        return narrow_chains if chunks <= 128 else long_k_chains
+    if tiles < 2 * sm_count:
+        if bits == 8:
+            return narrow_chains if chunks <= 128 else SMALL_M_FULL_GEMV_MMA
+        if chunks >= 192:
+            return SMALL_M_FULL_GEMV_MMA
+        return SHORT_K_GEMV_MMA if chunks <= 64 and tiles >= sm_count else NARROW_GEMV_MMA
+    if bits == 8 or chunks <= 64:
+        return SHORT_K_GEMV_MMA
+    if 112 <= chunks <= 128 and tiles < 6 * sm_count:
+        return SMALL_M_CHAINS_GEMV_MMA
+    if chunks >= 256 and -(-N // 32) <= 2 * sm_count:
+        return MID_M_GEMV_MMA
+    return SMALL_M_GEMV_MMA
 
 
 def default_gemv_mma_configs(M: int, bits: int) -> tuple[GemvMmaConfig, ...]:
     """Every compiled variant (module) :func:`default_gemv_mma_config` may pick for M rows of ``bits``-bit
     weights, whatever the shape and GPU: what the default dispatch can load."""
     if M <= _SMALL_M_MAX_M:
-        return SMALL_M_GEMV_MMA, NARROW_GEMV_MMA
+        return (SHORT_K_GEMV_MMA, replace(NARROW_GEMV_MMA, chains=2), replace(SMALL_M_CHAINS_GEMV_MMA, warps=8),
+                SMALL_M_FULL_GEMV_MMA) + ((NARROW_GEMV_MMA, SMALL_M_CHAINS_GEMV_MMA, MID_M_GEMV_MMA, SMALL_M_GEMV_MMA)
+                                          if bits == 4 else ())
     if M <= 8:
         return (MID_M_GEMV_MMA if bits == 4 else GemvMmaConfig()), NARROW_GEMV_MMA
     if M <= _MID_M_MAX_M:
@@ -175,12 +214,10 @@ def default_gemv_mma_config(M: int, bits: int, N: int, K: int, sm_count: int) ->
     it may pick)."""
     modules = default_gemv_mma_configs(M, bits)
     splits = _splits(N, sm_count)
+    if M <= _SMALL_M_MAX_M:
+        return replace(_small_m_config(bits, N, K, sm_count), splits=splits)
     if _narrow(M, bits, N, sm_count):
         return replace(NARROW_GEMV_MMA, splits=splits)
-    if M <= _SMALL_M_MAX_M:
-        blocks = -(-N // (16 * SMALL_M_GEMV_MMA.row_tiles))
-        wide = blocks <= 2 * sm_count and K // chunk_elems(bits) >= _WIDE_WARPS_MIN_CHUNKS
-        return replace(SMALL_M_GEMV_MMA, warps=8 if wide else SMALL_M_GEMV_MMA.warps, splits=splits)
     if M16_WIDE_GEMV_MMA in modules and -(-N // (16 * M16_WIDE_GEMV_MMA.row_tiles)) >= sm_count:
         return replace(M16_WIDE_GEMV_MMA, splits=splits)
     return replace(modules[0], splits=splits)

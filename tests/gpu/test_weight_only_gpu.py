@@ -231,6 +231,43 @@ def test_default_gemv_mma_rule_from_m5(bits, dtype, M, wide):
     _check(x, qw, bias, 1, None)
 
 
+# (bits, 16-row tiles as a multiple of the SMs and an offset, K, the module the M <= 4 rule picks): every branch
+_SMALL_M_CASES = [
+    (4, 0.5, -3, 1088, "narrow_chains"), (4, 0.5, -3, 4224, "long_k_chains"), (8, 0.5, -3, 1024, "short_k"),
+    (8, 0.5, -3, 1088, "long_k_chains"), (4, 1, -3, 1088, "narrow"), (4, 1, 1, 1088, "short_k"),
+    (4, 1, 1, 6208, "full"), (8, 1, 1, 1088, "narrow_chains"), (8, 1, 1, 3136, "full"),
+    (4, 2, 2, 3584, "chains"), (4, 2, 2, 8192, "mid"), (4, 2, 2, 3072, "plain"), (4, 2, 2, 2048, "short_k"),
+    (8, 2, 2, 3072, "short_k"),
+]
+
+
+@pytest.mark.parametrize("bits, per_sm, extra, K, module", _SMALL_M_CASES,
+                         ids=[f"w{c[0]}-{c[4]}-K{c[3]}" for c in _SMALL_M_CASES])
+@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_default_gemv_mma_small_m_rule(dtype, M, bits, per_sm, extra, K, module):
+    """The M <= 4 rule's modules through the default dispatch, each on a weight of its branch (N ragged: a few
+    rows past a whole tile)."""
+    from dataclasses import replace
+
+    from custom_kernels.device import sm_count
+    from cutlass_ops.weight_only import variants as v
+
+    modules = {"narrow_chains": replace(v.NARROW_GEMV_MMA, chains=2), "narrow": v.NARROW_GEMV_MMA,
+               "long_k_chains": replace(v.SMALL_M_CHAINS_GEMV_MMA, warps=8), "short_k": v.SHORT_K_GEMV_MMA,
+               "full": v.SMALL_M_FULL_GEMV_MMA, "chains": v.SMALL_M_CHAINS_GEMV_MMA, "mid": v.MID_M_GEMV_MMA,
+               "plain": v.SMALL_M_GEMV_MMA}
+    sms = sm_count(0)
+    N = 16 * (int(per_sm * sms) + extra) - 5
+    qw = _weight(N, K, bits, 64, False)
+    config = wo.default_gemv_mma_config(M, bits, N, K, sms)
+    assert config == replace(modules[module], splits=1)
+    major, minor = torch.cuda.get_device_capability(0)
+    assert wo.choose_strategy(M, dtype, qw, 10 * major + minor) == "gemv_mma"
+    x, bias = _inputs(M, K, N, dtype, seed=12)
+    _check(x, qw, bias, 1, None)
+
+
 @pytest.mark.parametrize("config", wo.GEMM_CONFIGS, ids=lambda c: f"m_tile{c.m_tile}")
 @pytest.mark.parametrize("bits, dtype, M, block_size", [(4, torch.float16, 17, 64), (8, torch.float16, 200, 64),
                                                         (4, torch.bfloat16, 129, 32), (8, torch.bfloat16, 64, None),
