@@ -53,6 +53,25 @@ def test_small_m_rule(M, bits, N, K, expected):
     assert any(cfg.defines() == c.defines() for c in default_gemv_mma_configs(M, bits))
 
 
+@pytest.mark.parametrize("M, bits, N, K, expected", [
+    # short K (<= 64 chunks) from M = 5 (H200, M = 8 / 16, relative to the fastest of the tuner's candidates)
+    (8, 4, 3072, 2048, SHORT_K_GEMV_MMA),      # 1B qkv int4: 1.00x (two row tiles 1.35x)
+    (8, 4, 16384, 2048, SHORT_K_GEMV_MMA),     # 1B gate_up: 1.02x (1.46x)
+    (8, 4, 2048, 2048, NARROW_GEMV_MMA),       # 1B o, under a 32-row block per two SMs: narrow first (1.00x)
+    (16, 4, 3072, 2048, M16_INT8_GEMV_MMA),    # 1B qkv at M = 16: r2u2 1.03x (two row tiles, four trips 1.44x)
+    (16, 4, 9728, 896, M16_INT8_GEMV_MMA),     # Qwen2.5-0.5B gate_up: 1.00x (four row tiles 1.19x)
+    (16, 4, 16384, 2048, M16_WIDE_GEMV_MMA),   # >= 6 tiles per SM: four row tiles stay (1.00x, r2u2 1.13x)
+    (8, 8, 9728, 896, SHORT_K_GEMV_MMA),       # int8 at M = 8 as at M <= 4: 1.00x (the default 1.61x)
+    (8, 8, 1152, 896, SHORT_K_GEMV_MMA),
+    (16, 8, 1152, 896, replace(NARROW_GEMV_MMA, warps=4)),  # Qwen2.5-0.5B qkv int8 M = 16: 1.01x (8 warps 1.25x)
+    (16, 8, 9728, 896, replace(NARROW_GEMV_MMA, warps=4)),  # 1.00x (r2u2 1.07x)
+])
+def test_short_k_rule_from_m5(M, bits, N, K, expected):
+    cfg = default_gemv_mma_config(M, bits, N, K, H100_SMS)
+    assert cfg == replace(expected, splits=1)
+    assert any(cfg.defines() == c.defines() for c in default_gemv_mma_configs(M, bits))
+
+
 def test_small_m_modules():
     """int8 at M <= 4 needs three modules (two sets at one or eight trips, eight trips with full batches), int4 those
     and three more (one trip at full batches, two row tiles, the plain eight-trip form); the M = 4 / 5 boundary switches to the M = 5..8 rule."""
@@ -67,8 +86,9 @@ def test_small_m_modules():
     (5, 4, 4096, MID_M_GEMV_MMA, 1),
     (8, 4, 2112, MID_M_GEMV_MMA, 1),       # 66 blocks of 32 rows: half the SMs
     (8, 4, 2048, NARROW_GEMV_MMA, 1),      # 64: one row tile (2048 x 2048 W4 4.4 -> 3.5 us)
-    (8, 8, 4224, GemvMmaConfig(), 1),      # int8 at M = 5..8: 132 blocks of 32 rows, no full batches
-    (8, 8, 4096, NARROW_GEMV_MMA, 1),      # int8 at M = 5..16: one row tile below a 32-row block per SM
+    (8, 8, 4224, SHORT_K_GEMV_MMA, 1),     # int8 at M = 5..8 from a 16-row tile per SM: the M <= 4 rule
+    (8, 8, 4096, SMALL_M_FULL_GEMV_MMA, 1),
+    (8, 8, 2048, NARROW_GEMV_MMA, 1),      # under a tile per SM: one row tile (below a 32-row block per SM)
     (32, 8, 4096, GemvMmaConfig(), 1),     # but not above M = 16
     (8, 4, 512, NARROW_GEMV_MMA, None),
     (16, 4, 8192, MID_M_GEMV_MMA, 1),      # 128 blocks of 64 rows: too few for four row tiles
@@ -76,6 +96,7 @@ def test_small_m_modules():
     (16, 4, 28672, M16_WIDE_GEMV_MMA, 1),
     (16, 8, 28672, M16_INT8_GEMV_MMA, 1),  # int8: r2u2 at M = 9..16 from 4224 rows
     (16, 8, 1000, NARROW_GEMV_MMA, 1),
+    (16, 8, 4096, NARROW_GEMV_MMA, 1),     # int8 at M = 9..16: one row tile below a 32-row block per SM
     (17, 4, 4096, GemvMmaConfig(), 1),     # above M = 16 the default module, K whole too
     (64, 8, 1024, NARROW_GEMV_MMA, 1),
 ])

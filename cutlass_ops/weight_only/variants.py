@@ -150,6 +150,14 @@ SHORT_K_GEMV_MMA = GemvMmaConfig(row_tiles=1, unroll=4, min_blocks=2, warps=4, c
 # - M = 9..16: int8 weights take 2 trips of loads in flight (r2u2: 0.65x the time of the rule before, every weight
 #   faster); int4 weights four row tiles where that still gives a block per SM (half the activation loads per weight
 #   load: 8B gate_up 28672 x 4096 M = 16 41.4 -> 32.8 us), else MID_M_GEMV_MMA.
+# - thirty-first session (H200, the tuner's candidates on the 29 weights at M = 8 and 16, fp16 and bf16; geometric mean
+#   of the rule's time over the fastest, int4 / int8, M = 8: 1.069 / 1.133 -> 1.044 / 1.038, M = 16: 1.058 / 1.043 ->
+#   1.040 / 1.025): int8 at M = 5..8 takes the M <= 4 rule from a 16-row tile per SM and on short K (one M tile of 8
+#   rows either way: the same modules; 9728 x 896 1.61 -> 1.00x, 3072 x 3072 1.11 -> 1.02x); short K (<= 64 chunks)
+#   takes 4 warps: int4 at M = 5..8 SHORT_K_GEMV_MMA (3072 x 2048 1.35 -> 1.00x, 16384 x 2048 1.46 -> 1.02x), int4
+#   at M = 9..16 under 6 tiles per SM two trips of two row tiles (M16_INT8_GEMV_MMA: 3072 x 2048 1.44 -> 1.03x, 9728 x
+#   896 1.19 -> 1.00x; at 16384 x 2048 four row tiles stay, 1.00 vs 1.13x), int8 at M = 9..16 one row tile at 4
+#   warps (1152 x 896 1.25 -> 1.01x).
 NARROW_GEMV_MMA = GemvMmaConfig(row_tiles=1, unroll=4, min_blocks=2, warps=8, full_batches=1)
 MID_M_GEMV_MMA = GemvMmaConfig(row_tiles=2, unroll=4, min_blocks=2, warps=8, full_batches=1)
 M16_INT8_GEMV_MMA = GemvMmaConfig(row_tiles=2, unroll=2, min_blocks=2, warps=8, full_batches=1)
@@ -174,10 +182,10 @@ def _small_m_config(bits: int, N: int, K: int, sm_count: int) -> GemvMmaConfig:
     tiles, chunks = -(-N // 16), K // chunk_elems(bits)
     narrow_chains = replace(NARROW_GEMV_MMA, chains=2)
     long_k_chains = replace(SMALL_M_CHAINS_GEMV_MMA, warps=8)
+    if bits == 8 and chunks <= 64:
+        return SHORT_K_GEMV_MMA
     if 2 * tiles < sm_count:  # narrow
-        if bits == 8:
-            return SHORT_K_GEMV_MMA if chunks <= 64 else long_k_chains
-        return narrow_chains if chunks <= 128 else long_k_chains
+        return narrow_chains if bits == 4 and chunks <= 128 else long_k_chains
     if tiles < 2 * sm_count:
         if bits == 8:
             return narrow_chains if chunks <= 128 else SMALL_M_FULL_GEMV_MMA
@@ -201,10 +209,11 @@ def default_gemv_mma_configs(M: int, bits: int) -> tuple[GemvMmaConfig, ...]:
                 SMALL_M_FULL_GEMV_MMA) + ((NARROW_GEMV_MMA, SMALL_M_CHAINS_GEMV_MMA, MID_M_GEMV_MMA, SMALL_M_GEMV_MMA)
                                           if bits == 4 else ())
     if M <= 8:
-        return (MID_M_GEMV_MMA if bits == 4 else GemvMmaConfig()), NARROW_GEMV_MMA
+        return ((MID_M_GEMV_MMA, NARROW_GEMV_MMA, SHORT_K_GEMV_MMA) if bits == 4 else
+                (SHORT_K_GEMV_MMA, replace(NARROW_GEMV_MMA, chains=2), SMALL_M_FULL_GEMV_MMA, NARROW_GEMV_MMA))
     if M <= _MID_M_MAX_M:
         return (M16_INT8_GEMV_MMA, NARROW_GEMV_MMA) if bits == 8 else (MID_M_GEMV_MMA, M16_WIDE_GEMV_MMA,
-                                                                        NARROW_GEMV_MMA)
+                                                                        NARROW_GEMV_MMA, M16_INT8_GEMV_MMA)
     return GemvMmaConfig(), NARROW_GEMV_MMA
 
 
@@ -214,10 +223,15 @@ def default_gemv_mma_config(M: int, bits: int, N: int, K: int, sm_count: int) ->
     it may pick)."""
     modules = default_gemv_mma_configs(M, bits)
     splits = _splits(N, sm_count)
-    if M <= _SMALL_M_MAX_M:
+    tiles, chunks = -(-N // 16), K // chunk_elems(bits)
+    if M <= _SMALL_M_MAX_M or (bits == 8 and M <= 8 and (tiles >= sm_count or chunks <= 64)):
         return replace(_small_m_config(bits, N, K, sm_count), splits=splits)
+    if bits == 8 and M <= _MID_M_MAX_M and chunks <= 64:
+        return replace(NARROW_GEMV_MMA, warps=4, splits=splits)
     if _narrow(M, bits, N, sm_count):
         return replace(NARROW_GEMV_MMA, splits=splits)
+    if bits == 4 and M <= _MID_M_MAX_M and chunks <= 64 and (M <= 8 or tiles < 6 * sm_count):
+        return replace(SHORT_K_GEMV_MMA if M <= 8 else M16_INT8_GEMV_MMA, splits=splits)
     if M16_WIDE_GEMV_MMA in modules and -(-N // (16 * M16_WIDE_GEMV_MMA.row_tiles)) >= sm_count:
         return replace(M16_WIDE_GEMV_MMA, splits=splits)
     return replace(modules[0], splits=splits)

@@ -219,7 +219,7 @@ def test_default_gemv_mma_rule_from_m5(bits, dtype, M, wide):
     from cutlass_ops.weight_only.variants import M16_WIDE_GEMV_MMA, NARROW_GEMV_MMA
 
     sms = sm_count(0)
-    N, K = (64 * sms + 7 if wide else 16 * sms - 40), 1088
+    N, K = (64 * sms + 7 if wide else 16 * sms - 40), 2112  # > 64 chunks: not the short-K branch
     qw = _weight(N, K, bits, 64, False)
     config = wo.default_gemv_mma_config(M, bits, N, K, sms)
     expected = (M16_WIDE_GEMV_MMA if bits == 4 and M > 8 else wo.default_gemv_mma_configs(M, bits)[0]) if wide \
@@ -265,6 +265,36 @@ def test_default_gemv_mma_small_m_rule(dtype, M, bits, per_sm, extra, K, module)
     major, minor = torch.cuda.get_device_capability(0)
     assert wo.choose_strategy(M, dtype, qw, 10 * major + minor) == "gemv_mma"
     x, bias = _inputs(M, K, N, dtype, seed=12)
+    _check(x, qw, bias, 1, None)
+
+
+# (M, bits, 16-row tiles as a multiple of the SMs and an offset, K, the module) of the rule's branches at M = 5..16
+# that the M <= 4 cases above do not reach
+_MID_M_CASES = [
+    (6, 4, 1, 1, 1088, "short_k"), (12, 4, 1, 1, 1088, "r2u2"), (6, 8, 2, 2, 2112, "short_k"),
+    (8, 8, 1, 1, 2048, "narrow_chains"), (7, 8, 1, 1, 3136, "full"), (12, 8, 1, 1, 1024, "narrow_w4"),
+]
+
+
+@pytest.mark.parametrize("M, bits, per_sm, extra, K, module", _MID_M_CASES,
+                         ids=[f"m{c[0]}-w{c[1]}-{c[5]}" for c in _MID_M_CASES])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_default_gemv_mma_mid_m_rule(dtype, M, bits, per_sm, extra, K, module):
+    """The rule's short-K and int8 branches at M = 5..16 through the default dispatch (N ragged)."""
+    from dataclasses import replace
+
+    from custom_kernels.device import sm_count
+    from cutlass_ops.weight_only import variants as v
+
+    modules = {"short_k": v.SHORT_K_GEMV_MMA, "r2u2": v.M16_INT8_GEMV_MMA, "full": v.SMALL_M_FULL_GEMV_MMA,
+               "narrow_chains": replace(v.NARROW_GEMV_MMA, chains=2), "narrow_w4": replace(v.NARROW_GEMV_MMA, warps=4)}
+    sms = sm_count(0)
+    N = 16 * (int(per_sm * sms) + extra) - 5
+    qw = _weight(N, K, bits, 64, False)
+    assert wo.default_gemv_mma_config(M, bits, N, K, sms) == replace(modules[module], splits=1)
+    major, minor = torch.cuda.get_device_capability(0)
+    assert wo.choose_strategy(M, dtype, qw, 10 * major + minor) == "gemv_mma"
+    x, bias = _inputs(M, K, N, dtype, seed=13)
     _check(x, qw, bias, 1, None)
 
 
