@@ -32,7 +32,8 @@ LONG_K_CHAINS = replace(SMALL_M_CHAINS_GEMV_MMA, warps=8)
     (8, 2048, 2048, NARROW_CHAINS),        # int8, <= 128 chunks
     (8, 4096, 4096, SMALL_M_FULL_GEMV_MMA),
     # >= 2 tiles per SM
-    (8, 28672, 4096, SHORT_K_GEMV_MMA),    # every int8 weight there
+    (8, 28672, 4096, SHORT_K_GEMV_MMA),    # every int8 weight there but the longest
+    (8, 8192, 28672, GemvMmaConfig()),     # 70B down int8, 1792 chunks: 1.00-1.03x (4 warps, two sets 1.04-1.11x)
     (4, 16384, 2048, SHORT_K_GEMV_MMA),    # 1B gate_up, 64 chunks: 1.05x (SMALL_M_GEMV_MMA 1.51x)
     (4, 6144, 4096, SMALL_M_CHAINS_GEMV_MMA),   # 8B qkv: 1.00x (SMALL_M_GEMV_MMA 1.36x)
     (4, 12287, 4096, SMALL_M_CHAINS_GEMV_MMA),  # 768 tiles: under 6 per SM
@@ -73,10 +74,11 @@ def test_short_k_rule_from_m5(M, bits, N, K, expected):
 
 
 def test_small_m_modules():
-    """int8 at M <= 4 needs three modules (two sets at one or eight trips, eight trips with full batches), int4 those
-    and three more (one trip at full batches, two row tiles, the plain eight-trip form); the M = 4 / 5 boundary switches to the M = 5..8 rule."""
+    """M <= 4 needs three modules for both widths (two sets at one or eight trips, eight trips with full batches),
+    int4 three more (one trip at full batches, two row tiles, the plain eight-trip form), int8 the M = 64 default;
+    M = 5 takes the M = 5..8 rule."""
     modules = lambda M, bits: {frozenset(c.defines().items()) for c in default_gemv_mma_configs(M, bits)}
-    assert len(modules(1, 8)) == 3 and len(modules(4, 4)) == 6 and modules(1, 8) < modules(1, 4)
+    assert len(modules(1, 8)) == 4 and len(modules(4, 4)) == 6 and len(modules(1, 8) & modules(1, 4)) == 3
     assert frozenset(SMALL_M_GEMV_MMA.defines().items()) in modules(1, 4)
     assert default_gemv_mma_config(5, 4, 6144, 4096, H100_SMS) == replace(MID_M_GEMV_MMA, splits=1)
     assert default_gemv_mma_config(1, 4, 512, 4096, H100_SMS).splits is None  # 32 tiles: K split (the plan's rule)

@@ -129,7 +129,8 @@ _SMALL_M_MAX_M = 4
 #   4096, 12288 x 4096, 4608 x 3584 1.00x; SMALL_M_GEMV_MMA 1.06-1.36x); at c = 96 (9216 x 3072) the plain
 #   form wins (1.00 vs 1.26x);
 # - int4 with c >= 256 and one wave of 32-row blocks (N / 32 <= 2 per SM): MID_M_GEMV_MMA (8192 x 8192,
-#   8192 x 28672 1.00x; SMALL_M_GEMV_MMA 1.31 / 1.36x).
+#   8192 x 28672 1.00x; SMALL_M_GEMV_MMA 1.31 / 1.36x); int8 there with >= 1024 chunks (8192 x 28672) the M = 64
+#   default (1.00-1.03x; 4 warps with two sets 1.04-1.11x, 1.19x through the API at M = 4 bf16).
 SMALL_M_CHAINS_GEMV_MMA = GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=4, chains=2, full_batches=1)
 SMALL_M_FULL_GEMV_MMA = GemvMmaConfig(row_tiles=1, unroll=8, min_blocks=1, warps=8, full_batches=1)
 SHORT_K_GEMV_MMA = GemvMmaConfig(row_tiles=1, unroll=4, min_blocks=2, warps=4, chains=2, full_batches=1)
@@ -192,6 +193,8 @@ def _small_m_config(bits: int, N: int, K: int, sm_count: int) -> GemvMmaConfig:
         if chunks >= 192:
             return SMALL_M_FULL_GEMV_MMA
         return SHORT_K_GEMV_MMA if chunks <= 64 and tiles >= sm_count else NARROW_GEMV_MMA
+    if bits == 8 and chunks >= 1024:
+        return GemvMmaConfig()
     if bits == 8 or chunks <= 64:
         return SHORT_K_GEMV_MMA
     if 112 <= chunks <= 128 and tiles < 6 * sm_count:
@@ -207,10 +210,11 @@ def default_gemv_mma_configs(M: int, bits: int) -> tuple[GemvMmaConfig, ...]:
     if M <= _SMALL_M_MAX_M:
         return (SHORT_K_GEMV_MMA, replace(NARROW_GEMV_MMA, chains=2), replace(SMALL_M_CHAINS_GEMV_MMA, warps=8),
                 SMALL_M_FULL_GEMV_MMA) + ((NARROW_GEMV_MMA, SMALL_M_CHAINS_GEMV_MMA, MID_M_GEMV_MMA, SMALL_M_GEMV_MMA)
-                                          if bits == 4 else ())
+                                          if bits == 4 else (GemvMmaConfig(),))
     if M <= 8:
         return ((MID_M_GEMV_MMA, NARROW_GEMV_MMA, SHORT_K_GEMV_MMA) if bits == 4 else
-                (SHORT_K_GEMV_MMA, replace(NARROW_GEMV_MMA, chains=2), SMALL_M_FULL_GEMV_MMA, NARROW_GEMV_MMA))
+                (SHORT_K_GEMV_MMA, replace(NARROW_GEMV_MMA, chains=2), SMALL_M_FULL_GEMV_MMA, NARROW_GEMV_MMA,
+                 GemvMmaConfig()))
     if M <= _MID_M_MAX_M:
         return (M16_INT8_GEMV_MMA, NARROW_GEMV_MMA) if bits == 8 else (MID_M_GEMV_MMA, M16_WIDE_GEMV_MMA,
                                                                         NARROW_GEMV_MMA, M16_INT8_GEMV_MMA)

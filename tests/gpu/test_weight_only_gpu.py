@@ -237,7 +237,7 @@ _SMALL_M_CASES = [
     (8, 0.5, -3, 1088, "long_k_chains"), (4, 1, -3, 1088, "narrow"), (4, 1, 1, 1088, "short_k"),
     (4, 1, 1, 6208, "full"), (8, 1, 1, 1088, "narrow_chains"), (8, 1, 1, 3136, "full"),
     (4, 2, 2, 3584, "chains"), (4, 2, 2, 8192, "mid"), (4, 2, 2, 3072, "plain"), (4, 2, 2, 2048, "short_k"),
-    (8, 2, 2, 3072, "short_k"),
+    (8, 2, 2, 3072, "short_k"), (8, 2, 2, 16384, "default"),
 ]
 
 
@@ -256,7 +256,7 @@ def test_default_gemv_mma_small_m_rule(dtype, M, bits, per_sm, extra, K, module)
     modules = {"narrow_chains": replace(v.NARROW_GEMV_MMA, chains=2), "narrow": v.NARROW_GEMV_MMA,
                "long_k_chains": replace(v.SMALL_M_CHAINS_GEMV_MMA, warps=8), "short_k": v.SHORT_K_GEMV_MMA,
                "full": v.SMALL_M_FULL_GEMV_MMA, "chains": v.SMALL_M_CHAINS_GEMV_MMA, "mid": v.MID_M_GEMV_MMA,
-               "plain": v.SMALL_M_GEMV_MMA}
+               "plain": v.SMALL_M_GEMV_MMA, "default": v.GemvMmaConfig()}
     sms = sm_count(0)
     N = 16 * (int(per_sm * sms) + extra) - 5
     qw = _weight(N, K, bits, 64, False)
