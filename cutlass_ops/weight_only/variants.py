@@ -112,7 +112,7 @@ _SMALL_M_MAX_M = 4
 # other models), M = 1 and 4, fp16 and bf16, through tune_weight_only's CUDA graphs; geometric mean of the
 # chosen variant's time over the fastest's, int4 / int8: SMALL_M_GEMV_MMA alone (with 8 warps on long K and
 # NARROW_GEMV_MMA on narrow weights) 1.166 / 1.118 (up to 1.67x: Qwen2.5-0.5B gate_up 9728 x 896), this rule
-# 1.026 / 1.033 (up to 1.19x / 1.25x). The measured reasons, per branch:
+# 1.026 / 1.026 (up to 1.19x / 1.25x). The measured reasons, per branch:
 # - two accumulator sets (chains = 2) on narrow weights (t < 1/2) and where a block's loop covers the row in a
 #   few trips: 896 x 896 / 1152 x 896 / 1024 x 4096 int4 1.00-1.02x the fastest (NARROW_GEMV_MMA 1.12-1.14x);
 #   int8 896 x 896 at 4 warps 1.00x (8 warps 1.13x);
@@ -124,7 +124,8 @@ _SMALL_M_MAX_M = 4
 #   1.02x; int8 at c <= 128 with two sets (2048 x 2048, 3072 x 2048: 1.01x);
 # - 4 warps, two sets, 2 blocks per SM where K is short (c <= 64) and the rows give a tile per SM or more:
 #   3072 x 2048 int4 1.00x (8 warps 1.31x), 16384 x 2048 1.05x (SMALL_M_GEMV_MMA 1.51x); the int8 choice on
-#   every weight of >= 2 tiles per SM (9728 x 896 1.00x, 28672 x 4096 1.00x, 8B qkv 6144 x 4096 1.13x);
+#   every weight of >= 2 tiles per SM (9728 x 896 1.00x, 28672 x 4096 1.00x, 8B qkv 6144 x 4096 1.13x) and on
+#   every short-K one (1152 x 896 1.00x; one tile, 8 warps, two sets 1.23x);
 # - int4 at 2..6 tiles per SM with c = 112..128 (K = 3584..4096): eight trips, two sets, full batches (6144 x
 #   4096, 12288 x 4096, 4608 x 3584 1.00x; SMALL_M_GEMV_MMA 1.06-1.36x); at c = 96 (9216 x 3072) the plain
 #   form wins (1.00 vs 1.26x);
