@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from cutlass_ops.weight_only.variants import (
-    M16_INT8_GEMV_MMA, M16_WIDE_GEMV_MMA, MID_M_GEMV_MMA, NARROW_GEMV_MMA, SHORT_K_GEMV_MMA, SMALL_M_CHAINS_GEMV_MMA,
+    M16_INT8_GEMV_MMA, M16_WIDE_GEMV_MMA, M32_INT8_GEMV_MMA, MID_M_GEMV_MMA, NARROW_GEMV_MMA, SHORT_K_GEMV_MMA, SMALL_M_CHAINS_GEMV_MMA,
     SMALL_M_FULL_GEMV_MMA, SMALL_M_GEMV_MMA, GemvMmaConfig, default_gemv_mma_config, default_gemv_mma_configs,
 )
 
@@ -73,6 +73,21 @@ def test_short_k_rule_from_m5(M, bits, N, K, expected):
     assert any(cfg.defines() == c.defines() for c in default_gemv_mma_configs(M, bits))
 
 
+@pytest.mark.parametrize("N, K, expected", [
+    (896, 896, replace(NARROW_GEMV_MMA, warps=4)),     # Qwen2.5-0.5B o, 56 chunks: 1.01x the fastest (wgmma 2.4x)
+    (1024, 4096, NARROW_GEMV_MMA),                     # 8B k: 1.00x (wgmma 1.19x)
+    (3072, 3072, replace(NARROW_GEMV_MMA, warps=4)),   # 3B o: 1.00x (wgmma 1.23x)
+    (4096, 14336, MID_M_GEMV_MMA),                     # 8B down, 896 chunks: 1.00x (wgmma 1.17x)
+    (8192, 8192, M32_INT8_GEMV_MMA),                   # 70B o: 1.00x (wgmma 1.31x)
+    (57344, 8192, M32_INT8_GEMV_MMA),                  # 70B gate_up: 1.00x (wgmma 1.24x)
+])
+@pytest.mark.parametrize("M", [17, 32])
+def test_int8_rule_m17_to_32(M, N, K, expected):
+    cfg = default_gemv_mma_config(M, 8, N, K, H100_SMS)
+    assert cfg == replace(expected, splits=1)
+    assert any(cfg.defines() == c.defines() for c in default_gemv_mma_configs(M, 8))
+
+
 def test_small_m_modules():
     """M <= 4 needs three modules for both widths (two sets at one or eight trips, eight trips with full batches),
     int4 three more (one trip at full batches, two row tiles, the plain eight-trip form), int8 the M = 64 default;
@@ -91,7 +106,10 @@ def test_small_m_modules():
     (8, 8, 4224, SHORT_K_GEMV_MMA, 1),     # int8 at M = 5..8 from a 16-row tile per SM: the M <= 4 rule
     (8, 8, 4096, SMALL_M_FULL_GEMV_MMA, 1),
     (8, 8, 2048, NARROW_GEMV_MMA, 1),      # under a tile per SM: one row tile (below a 32-row block per SM)
-    (32, 8, 4096, GemvMmaConfig(), 1),     # but not above M = 16
+    (32, 8, 4096, NARROW_GEMV_MMA, 1),     # int8 at M = 17..32: one row tile (at 4 warps) below 2 tiles per SM
+    (32, 8, 8448, M32_INT8_GEMV_MMA, 1),   # from 2 tiles per SM four row tiles, two trips
+    (32, 8, 4096 + 16, NARROW_GEMV_MMA, 1),
+    (40, 8, 4096, GemvMmaConfig(), 1),     # above M = 32 the default
     (8, 4, 512, NARROW_GEMV_MMA, None),
     (16, 4, 8192, MID_M_GEMV_MMA, 1),      # 128 blocks of 64 rows: too few for four row tiles
     (9, 4, 8448, M16_WIDE_GEMV_MMA, 1),    # 132 blocks of 64 rows: one per SM

@@ -110,7 +110,9 @@ def test_strategies_name_every_planner():
     (wo.DEQUANT_CUBLAS_MIN_M - 1, torch.float16, 80, 4, 64, "gemm_mma"),
     (dispatch.GEMM_WGMMA_LIMIT_M, torch.float16, 90, 4, 64, "gemm_wgmma"),   # Hopper: wgmma up to its limit
     (dispatch.GEMM_WGMMA_LIMIT_M + 1, torch.float16, 90, 4, 64, "dequant_cublas"),
-    (dispatch.GEMM_WGMMA_MIN_M, torch.bfloat16, 90, 8, 128, "gemm_wgmma"),
+    (dispatch.GEMM_WGMMA_MIN_M, torch.bfloat16, 90, 8, 128, "gemv_mma"),  # int8 below GEMM_WGMMA_INT8_MIN_M
+    (dispatch.GEMM_WGMMA_INT8_MIN_M, torch.bfloat16, 90, 8, 128, "gemm_wgmma"),
+    (dispatch.GEMM_WGMMA_MIN_M, torch.bfloat16, 90, 4, 128, "gemm_wgmma"),
     (dispatch.GEMM_WGMMA_MIN_M - 1, torch.float16, 90, 4, 128, "gemv_mma"),  # a narrow weight, below wgmma
     (96, torch.float16, 90, 4, 16, "gemm_mma"),           # block 16 < one int4 chunk: wgmma refuses it
     (96, torch.float32, 90, 4, 64, "gemm_simt"),          # wgmma takes fp16 / bf16 only

@@ -165,6 +165,17 @@ MID_M_GEMV_MMA = GemvMmaConfig(row_tiles=2, unroll=4, min_blocks=2, warps=8, ful
 M16_INT8_GEMV_MMA = GemvMmaConfig(row_tiles=2, unroll=2, min_blocks=2, warps=8, full_batches=1)
 M16_WIDE_GEMV_MMA = GemvMmaConfig(row_tiles=4, unroll=1, min_blocks=2, warps=8, full_batches=1)
 _MID_M_MAX_M = 16
+# int8 at M = 17..32 (thirty-first session; on sm_90 gemv_mma takes these from gemm_wgmma,
+# dispatch.GEMM_WGMMA_INT8_MIN_M): H200, the tuner's candidates on the 29 weights at M = 24 and 32, fp16 and bf16:
+# gemm_wgmma's default variant was 1.23 / 1.21x the fastest by geometric mean (2.4x on Qwen2.5-0.5B o / qkv), this
+# rule 1.07 / 1.06x. Four row tiles
+# with two trips in flight where the rows give >= 2 tiles per SM (70B o / down / gate_up, 8B gate 1.00x, wgmma
+# 1.10-1.32x; every x element loaded once per four weight rows); one row tile at 4 warps on short K (<= 64 chunks:
+# 1.01-1.14x) and below two tiles per SM unless K is long (3072 x 3072 1.00x, wgmma 1.23x); two row tiles, four trips
+# from 384 chunks there (4096 x 14336 1.00x). Left at 1.2-1.37x: qkv-like weights of 2-6 tiles per SM and 192-256
+# chunks (Phi-3 qkv 9216 x 3072, Qwen2.5-7B qkv, 8B qkv-12288), where gemm_wgmma or gemm_small_m lead.
+M32_INT8_GEMV_MMA = GemvMmaConfig(row_tiles=4, unroll=2, min_blocks=1, warps=8, full_batches=1)
+_INT8_MID_MAX_M = 32
 
 
 def _splits(N: int, sm_count: int) -> int | None:
@@ -219,6 +230,8 @@ def default_gemv_mma_configs(M: int, bits: int) -> tuple[GemvMmaConfig, ...]:
     if M <= _MID_M_MAX_M:
         return (M16_INT8_GEMV_MMA, NARROW_GEMV_MMA) if bits == 8 else (MID_M_GEMV_MMA, M16_WIDE_GEMV_MMA,
                                                                         NARROW_GEMV_MMA, M16_INT8_GEMV_MMA)
+    if bits == 8 and M <= _INT8_MID_MAX_M:
+        return M32_INT8_GEMV_MMA, NARROW_GEMV_MMA, MID_M_GEMV_MMA
     return GemvMmaConfig(), NARROW_GEMV_MMA
 
 
@@ -231,12 +244,16 @@ def default_gemv_mma_config(M: int, bits: int, N: int, K: int, sm_count: int) ->
     tiles, chunks = -(-N // 16), K // chunk_elems(bits)
     if M <= _SMALL_M_MAX_M or (bits == 8 and M <= 8 and (tiles >= sm_count or chunks <= 64)):
         return replace(_small_m_config(bits, N, K, sm_count), splits=splits)
-    if bits == 8 and M <= _MID_M_MAX_M and chunks <= 64:
+    if bits == 8 and M <= _INT8_MID_MAX_M and chunks <= 64:
         return replace(NARROW_GEMV_MMA, warps=4, splits=splits)
     if _narrow(M, bits, N, sm_count):
         return replace(NARROW_GEMV_MMA, splits=splits)
     if bits == 4 and M <= _MID_M_MAX_M and chunks <= 64 and (M <= 8 or tiles < 6 * sm_count):
         return replace(SHORT_K_GEMV_MMA if M <= 8 else M16_INT8_GEMV_MMA, splits=splits)
+    if bits == 8 and _MID_M_MAX_M < M <= _INT8_MID_MAX_M:
+        if tiles < 2 * sm_count and chunks < 384:
+            return replace(NARROW_GEMV_MMA, warps=4, splits=splits)
+        return replace(MID_M_GEMV_MMA if tiles < 2 * sm_count else M32_INT8_GEMV_MMA, splits=splits)
     if M16_WIDE_GEMV_MMA in modules and -(-N // (16 * M16_WIDE_GEMV_MMA.row_tiles)) >= sm_count:
         return replace(M16_WIDE_GEMV_MMA, splits=splits)
     return replace(modules[0], splits=splits)

@@ -268,11 +268,14 @@ def test_default_gemv_mma_small_m_rule(dtype, M, bits, per_sm, extra, K, module)
     _check(x, qw, bias, 1, None)
 
 
-# (M, bits, 16-row tiles as a multiple of the SMs and an offset, K, the module) of the rule's branches at M = 5..16
+# (M, bits, 16-row tiles as a multiple of the SMs and an offset, K, the module) of the rule's branches at M = 5..32
 # that the M <= 4 cases above do not reach
 _MID_M_CASES = [
     (6, 4, 1, 1, 1088, "short_k"), (12, 4, 1, 1, 1088, "r2u2"), (6, 8, 2, 2, 2112, "short_k"),
     (8, 8, 1, 1, 2048, "narrow_chains"), (7, 8, 1, 1, 3136, "full"), (12, 8, 1, 1, 1024, "narrow_w4"),
+    # int8 at M = 17..32 (gemv_mma also on sm_90 there)
+    (20, 8, 2, 2, 2112, "r4u2"), (32, 8, 1, 1, 2112, "narrow_w4"), (24, 8, 1, 1, 6208, "mid"),
+    (17, 8, 0.5, -3, 1024, "narrow_w4"), (32, 8, 0.5, -3, 2112, "narrow"),
 ]
 
 
@@ -280,14 +283,15 @@ _MID_M_CASES = [
                          ids=[f"m{c[0]}-w{c[1]}-{c[5]}" for c in _MID_M_CASES])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_default_gemv_mma_mid_m_rule(dtype, M, bits, per_sm, extra, K, module):
-    """The rule's short-K and int8 branches at M = 5..16 through the default dispatch (N ragged)."""
+    """The rule's short-K and int8 branches at M = 5..32 through the default dispatch (N ragged)."""
     from dataclasses import replace
 
     from custom_kernels.device import sm_count
     from cutlass_ops.weight_only import variants as v
 
     modules = {"short_k": v.SHORT_K_GEMV_MMA, "r2u2": v.M16_INT8_GEMV_MMA, "full": v.SMALL_M_FULL_GEMV_MMA,
-               "narrow_chains": replace(v.NARROW_GEMV_MMA, chains=2), "narrow_w4": replace(v.NARROW_GEMV_MMA, warps=4)}
+               "narrow_chains": replace(v.NARROW_GEMV_MMA, chains=2), "narrow_w4": replace(v.NARROW_GEMV_MMA, warps=4),
+               "r4u2": v.M32_INT8_GEMV_MMA, "mid": v.MID_M_GEMV_MMA, "narrow": v.NARROW_GEMV_MMA}
     sms = sm_count(0)
     N = 16 * (int(per_sm * sms) + extra) - 5
     qw = _weight(N, K, bits, 64, False)
