@@ -99,6 +99,17 @@ def _qw(N=64, K=256, bits=4, block_size=64):
     return quantize_weight(w, bits=bits, block_size=block_size)
 
 
+@pytest.mark.parametrize("N, K, M, expected", [
+    (4112, 1088, 24, "gemm_wgmma"),   # mid width and mid K: int8 keeps gemm_wgmma (GEMM_WGMMA_INT8_KEEP_N / _K)
+    (4096, 1088, 24, "gemv_mma"),     # the bounds are exclusive
+    (4112, 1024, 24, "gemv_mma"),
+    (4112, 4096, 32, "gemv_mma"),
+    (4096, 1024, 33, "gemm_wgmma"),   # from GEMM_WGMMA_INT8_MIN_M every int8 weight
+])
+def test_int8_wgmma_from_m33_but_mid_shapes(N, K, M, expected):
+    assert wo.choose_strategy(M, torch.float16, _qw(N=N, K=K, bits=8, block_size=64), 90) == expected
+
+
 def test_strategies_name_every_planner():
     assert set(wo.STRATEGIES) == set(wo.PLANS)
     assert {"gemv_stream", "dequant_cublas"} <= set(wo.STRATEGIES)

@@ -11,7 +11,8 @@ from .variants import chunk_elems
 __all__ = [
     "STRATEGIES", "GEMV_MMA_MAX_M", "DEQUANT_CUBLAS_MIN_M", "SMALL_M_GEMV", "GEMM_SMALL_M_DEFAULT",
     "GEMM_SMALL_M_MIN_M", "GEMM_SMALL_M_WIDE_MIN_M", "GEMM_SMALL_M_NARROW_N", "GEMM_SMALL_M_INT8_MIN_M",
-    "GEMM_WGMMA_DEFAULT", "GEMM_WGMMA_MIN_M", "GEMM_WGMMA_INT8_MIN_M", "GEMM_WGMMA_LIMIT_M",
+    "GEMM_WGMMA_DEFAULT", "GEMM_WGMMA_MIN_M", "GEMM_WGMMA_INT8_MIN_M", "GEMM_WGMMA_INT8_KEEP_N",
+    "GEMM_WGMMA_INT8_KEEP_K", "GEMM_WGMMA_LIMIT_M",
     "strategy_problem", "candidate_strategies", "candidates_constant_from", "choose_strategy",
     "dequant_problem"
 ]
@@ -64,10 +65,14 @@ GEMM_SMALL_M_INT8_MIN_M = 33
 # 3 of 4 (down 58.0 vs 81.7; qkv 36.1 vs 33.6).
 GEMM_WGMMA_DEFAULT = True
 GEMM_WGMMA_MIN_M = 17
-# int8 weights take gemm_wgmma from this M only: below it gemv_mma's int8 rule (variants.M32_INT8_GEMV_MMA and the
-# narrow forms) was 1.07 / 1.06x the fastest tuner candidate at M = 24 / 32 on 29 weights where gemm_wgmma's default
-# was 1.23 / 1.21x (H200, fp16 and bf16, thirty-first session).
+# int8 weights take gemm_wgmma from this M only, but for the mid-width, mid-K ones below (thirty-first session, H200,
+# the tuner's candidates on 29 weights at M = 24 / 32, fp16 and bf16; geometric mean of the time over the fastest):
+# gemm_wgmma's default everywhere 1.23 / 1.21x (2.4x on Qwen2.5-0.5B o / qkv), gemv_mma's int8 rule everywhere
+# (variants.M32_INT8_GEMV_MMA and the narrow forms) 1.07 / 1.06x but 1.23-1.37x on Phi-3 qkv 9216 x 3072 and
+# Qwen2.5-7B qkv 4608 x 3584 (gemm_wgmma 1.00-1.03x there), both 1.05 / 1.04x.
 GEMM_WGMMA_INT8_MIN_M = 33
+GEMM_WGMMA_INT8_KEEP_N = (4096, 25344)  # exclusive: 2..12 16-row tiles per SM on 132 SMs
+GEMM_WGMMA_INT8_KEEP_K = (1024, 4096)   # exclusive: 65..255 chunks
 GEMM_WGMMA_LIMIT_M = 128  # gemm_wgmma_mt16: wgmma n = 128
 GEMV_MAX_M = 8          # gemv_simt / gemv_stream / gemv_dp4a instantiate M = 1..8
 
@@ -175,7 +180,9 @@ def choose_strategy(M: int, dtype: torch.dtype, qw, cc: int) -> str:
         if strategy == "gemm_small_m" and (M < GEMM_SMALL_M_INT8_MIN_M if qw.bits == 8 else
                                            M < GEMM_SMALL_M_WIDE_MIN_M and qw.N > GEMM_SMALL_M_NARROW_N):
             continue  # there gemv_mma streams the weight faster (see GEMM_SMALL_M_DEFAULT)
-        if strategy == "gemm_wgmma" and qw.bits == 8 and M < GEMM_WGMMA_INT8_MIN_M:
+        if strategy == "gemm_wgmma" and qw.bits == 8 and M < GEMM_WGMMA_INT8_MIN_M and not (
+                GEMM_WGMMA_INT8_KEEP_N[0] < qw.N < GEMM_WGMMA_INT8_KEEP_N[1]
+                and GEMM_WGMMA_INT8_KEEP_K[0] < qw.K < GEMM_WGMMA_INT8_KEEP_K[1]):
             continue  # and int8 on Hopper (see GEMM_WGMMA_INT8_MIN_M)
         if strategy_problem(strategy, M, dtype, qw, cc) is None:
             return strategy
