@@ -191,7 +191,8 @@ def _narrow(M: int, bits: int, N: int, sm_count: int) -> bool:
 
 
 def _small_m_config(bits: int, N: int, K: int, sm_count: int) -> GemvMmaConfig:
-    """The M <= 4 variant for an N x K weight (the branches and their measurements: the comment above)."""
+    """The M <= 4 variant for an N x K weight, also int8's at M = 5..8 from a tile per SM or on short K (the branches
+    and their measurements: the comments above)."""
     tiles, chunks = -(-N // 16), K // chunk_elems(bits)
     narrow_chains = replace(NARROW_GEMV_MMA, chains=2)
     long_k_chains = replace(SMALL_M_CHAINS_GEMV_MMA, warps=8)
