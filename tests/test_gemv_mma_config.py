@@ -6,30 +6,27 @@ from dataclasses import replace
 import pytest
 
 from cutlass_ops.weight_only.variants import (
-    M16_INT8_GEMV_MMA, M16_WIDE_GEMV_MMA, M32_INT8_GEMV_MMA, MID_M_GEMV_MMA, NARROW_GEMV_MMA, SHORT_K_GEMV_MMA, SMALL_M_CHAINS_GEMV_MMA,
-    SMALL_M_FULL_GEMV_MMA, SMALL_M_GEMV_MMA, GemvMmaConfig, default_gemv_mma_config, default_gemv_mma_configs,
+    LONG_K_CHAINS_GEMV_MMA, M16_INT8_GEMV_MMA, M16_WIDE_GEMV_MMA, M32_INT8_GEMV_MMA, MID_M_GEMV_MMA,
+    NARROW_4W_GEMV_MMA, NARROW_CHAINS_GEMV_MMA, NARROW_GEMV_MMA, SHORT_K_GEMV_MMA, SMALL_M_FULL_GEMV_MMA,
+    SMALL_M_CHAINS_GEMV_MMA, SMALL_M_GEMV_MMA, GemvMmaConfig, default_gemv_mma_config, default_gemv_mma_configs,
 )
 
 H100_SMS = 132
 
 
-NARROW_CHAINS = replace(NARROW_GEMV_MMA, chains=2)
-LONG_K_CHAINS = replace(SMALL_M_CHAINS_GEMV_MMA, warps=8)
-
-
 @pytest.mark.parametrize("bits, N, K, expected", [
     # narrow (fewer 16-row tiles than half the SMs): two accumulator sets; eight trips at 8 warps once K is long
-    (4, 896, 896, NARROW_CHAINS),          # Qwen2.5-0.5B o: 1.00x the fastest (NARROW_GEMV_MMA 1.14x)
-    (4, 1024, 4096, NARROW_CHAINS),        # 128 chunks
-    (4, 1024, 8192, LONG_K_CHAINS),        # 70B k: 1.01x (NARROW_GEMV_MMA 1.10x)
+    (4, 896, 896, NARROW_CHAINS_GEMV_MMA),          # Qwen2.5-0.5B o: 1.00x the fastest (NARROW_GEMV_MMA 1.14x)
+    (4, 1024, 4096, NARROW_CHAINS_GEMV_MMA),        # 128 chunks
+    (4, 1024, 8192, LONG_K_CHAINS_GEMV_MMA),        # 70B k: 1.01x (NARROW_GEMV_MMA 1.10x)
     (8, 896, 896, SHORT_K_GEMV_MMA),       # int8 at <= 64 chunks: 4 warps (8: 1.13x)
-    (8, 1024, 4096, LONG_K_CHAINS),        # 8B k int8: 1.00x (NARROW_GEMV_MMA 1.24x)
+    (8, 1024, 4096, LONG_K_CHAINS_GEMV_MMA),        # 8B k int8: 1.00x (NARROW_GEMV_MMA 1.24x)
     # under 2 tiles per SM: one tile at 2 blocks per SM with full batches; eight trips from 192 chunks
     (4, 4096, 4096, NARROW_GEMV_MMA),      # 8B o: 1.00x (SMALL_M_GEMV_MMA 1.24x)
     (4, 2048, 2048, NARROW_GEMV_MMA),      # 128 tiles: under one per SM, 8 warps
     (4, 3072, 2048, SHORT_K_GEMV_MMA),     # 1B qkv, 64 chunks and >= a tile per SM: 4 warps (8: 1.31x)
     (4, 4096, 14336, SMALL_M_FULL_GEMV_MMA),  # 8B down
-    (8, 2048, 2048, NARROW_CHAINS),        # int8, <= 128 chunks
+    (8, 2048, 2048, NARROW_CHAINS_GEMV_MMA),        # int8, <= 128 chunks
     (8, 4096, 4096, SMALL_M_FULL_GEMV_MMA),
     # >= 2 tiles per SM
     (8, 28672, 4096, SHORT_K_GEMV_MMA),    # every int8 weight there but the longest
@@ -64,8 +61,8 @@ def test_small_m_rule(M, bits, N, K, expected):
     (16, 4, 16384, 2048, M16_WIDE_GEMV_MMA),   # >= 6 tiles per SM: four row tiles stay (1.00x, r2u2 1.13x)
     (8, 8, 9728, 896, SHORT_K_GEMV_MMA),       # int8 at M = 8 as at M <= 4: 1.00x (the default 1.61x)
     (8, 8, 1152, 896, SHORT_K_GEMV_MMA),
-    (16, 8, 1152, 896, replace(NARROW_GEMV_MMA, warps=4)),  # Qwen2.5-0.5B qkv int8 M = 16: 1.01x (8 warps 1.25x)
-    (16, 8, 9728, 896, replace(NARROW_GEMV_MMA, warps=4)),  # 1.00x (r2u2 1.07x)
+    (16, 8, 1152, 896, NARROW_4W_GEMV_MMA),  # Qwen2.5-0.5B qkv int8 M = 16: 1.01x (8 warps 1.25x)
+    (16, 8, 9728, 896, NARROW_4W_GEMV_MMA),  # 1.00x (r2u2 1.07x)
 ])
 def test_short_k_rule_from_m5(M, bits, N, K, expected):
     cfg = default_gemv_mma_config(M, bits, N, K, H100_SMS)
@@ -74,9 +71,9 @@ def test_short_k_rule_from_m5(M, bits, N, K, expected):
 
 
 @pytest.mark.parametrize("N, K, expected", [
-    (896, 896, replace(NARROW_GEMV_MMA, warps=4)),     # Qwen2.5-0.5B o, 56 chunks: 1.01x the fastest (wgmma 2.4x)
+    (896, 896, NARROW_4W_GEMV_MMA),     # Qwen2.5-0.5B o, 56 chunks: 1.01x the fastest (wgmma 2.4x)
     (1024, 4096, NARROW_GEMV_MMA),                     # 8B k: 1.00x (wgmma 1.19x)
-    (3072, 3072, replace(NARROW_GEMV_MMA, warps=4)),   # 3B o: 1.00x (wgmma 1.23x)
+    (3072, 3072, NARROW_4W_GEMV_MMA),   # 3B o: 1.00x (wgmma 1.23x)
     (4096, 14336, MID_M_GEMV_MMA),                     # 8B down, 896 chunks: 1.00x (wgmma 1.17x)
     (8192, 8192, M32_INT8_GEMV_MMA),                   # 70B o: 1.00x (wgmma 1.31x)
     (57344, 8192, M32_INT8_GEMV_MMA),                  # 70B gate_up: 1.00x (wgmma 1.24x)
@@ -137,3 +134,15 @@ def test_chains_and_full_batches_reach_the_kernel():
         GemvMmaConfig(chains=3)
     with pytest.raises(ValueError, match="GemvMmaConfig.full_batches must be one of"):
         GemvMmaConfig(full_batches=2)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("M", [1, 4, 5, 8, 9, 16, 17, 32, 33, 64])
+def test_module_lists_are_exact(M, bits):
+    """``default_gemv_mma_configs`` names every module the rule picks over a grid of shapes and SM counts, and no
+    module it never picks (the list is what the wheel ships and the tuner precompiles)."""
+    listed = {frozenset(c.defines().items()) for c in default_gemv_mma_configs(M, bits)}
+    picked = {frozenset(default_gemv_mma_config(M, bits, N, K, sms).defines().items())
+              for sms in (78, 108, 132) for N in range(256, 60000, 400)
+              for K in (512, 896, 1024, 1088, 2048, 3072, 3584, 4096, 6208, 8192, 16384, 28672)}
+    assert picked == listed

@@ -144,9 +144,9 @@ SHORT_K_GEMV_MMA = GemvMmaConfig(row_tiles=1, unroll=4, min_blocks=2, warps=4, c
 #   workspace and reduction cost more than the idle SMs on every weight measured down to N = 896 (56 tiles for 132
 #   SMs; 8B k 1024 x 4096 W4 M = 1 6.5 us split, 3.3 whole; 1B o 2048 x 2048 W4 M = 8 7.3 -> 4.4);
 # - NARROW_GEMV_MMA (one row tile, 8 warps, 2 blocks per SM, full batches) where two row tiles leave SMs idle: from
-#   M = 5 on fewer 32-row blocks than half the SMs, at M = 5..16 for int8 than the SMs (at M <= 4 the rule above) (0.40-0.93x the time of the rule before on
-#   six weights of N = 896-1152, 0.71-0.91x on N = 2048-4096 int8 at M = 8 / 16; at M = 32 / 64 1.13-1.38x slower
-#   than two row tiles there, 0.64-1.02x at N = 2048);
+#   M = 5 on fewer 32-row blocks than half the SMs, at M = 5..16 for int8 than the SMs (at M <= 4 the rule above;
+#   0.40-0.93x the time of the rule before on six weights of N = 896-1152, 0.71-0.91x on N = 2048-4096 int8 at
+#   M = 8 / 16; at M = 32 / 64 1.13-1.38x slower than two row tiles there, 0.64-1.02x at N = 2048);
 # - int4 from M = 5 with full batches (0.92-0.95x the time without at M = 5..16, geometric mean; int8 at M = 5..8
 #   1.00x, up to 1.13x slower on wide weights, so int8 keeps the default there);
 # - M = 9..16: int8 weights take 2 trips of loads in flight (r2u2: 0.65x the time of the rule before, every weight
@@ -168,14 +168,18 @@ _MID_M_MAX_M = 16
 # int8 at M = 17..32 (thirty-first session; on sm_90 gemv_mma takes these from gemm_wgmma,
 # dispatch.GEMM_WGMMA_INT8_MIN_M): H200, the tuner's candidates on the 29 weights at M = 24 and 32, fp16 and bf16:
 # gemm_wgmma's default variant was 1.23 / 1.21x the fastest by geometric mean (2.4x on Qwen2.5-0.5B o / qkv), this
-# rule 1.07 / 1.06x. Four row tiles
-# with two trips in flight where the rows give >= 2 tiles per SM (70B o / down / gate_up, 8B gate 1.00x, wgmma
-# 1.10-1.32x; every x element loaded once per four weight rows); one row tile at 4 warps on short K (<= 64 chunks:
-# 1.01-1.14x) and below two tiles per SM unless K is long (3072 x 3072 1.00x, wgmma 1.23x); two row tiles, four trips
-# from 384 chunks there (4096 x 14336 1.00x). Left at 1.2-1.37x: qkv-like weights of 2-6 tiles per SM and 192-256
-# chunks (Phi-3 qkv 9216 x 3072, Qwen2.5-7B qkv, 8B qkv-12288), where gemm_wgmma or gemm_small_m lead.
+# rule 1.07 / 1.06x. Four row tiles with two trips in flight where the rows give >= 2 tiles per SM (70B o / down /
+# gate_up, 8B gate 1.00x, wgmma 1.10-1.32x; every x element loaded once per four weight rows); one row tile at 4
+# warps on short K (<= 64 chunks: 1.01-1.14x) and below two tiles per SM unless K is long (3072 x 3072 1.00x, wgmma
+# 1.23x); two row tiles, four trips from 384 chunks there (4096 x 14336 1.00x). Left at 1.2-1.37x: qkv-like
+# weights of 2-6 tiles per SM and 192-256 chunks (Phi-3 qkv 9216 x 3072, Qwen2.5-7B qkv, 8B qkv-12288), where
+# gemm_wgmma (kept there by the dispatch) or gemm_small_m lead.
 M32_INT8_GEMV_MMA = GemvMmaConfig(row_tiles=4, unroll=2, min_blocks=1, warps=8, full_batches=1)
 _INT8_MID_MAX_M = 32
+# Launch and loop variants of the modules above (warps is a launch choice, chains a define of its own module)
+NARROW_CHAINS_GEMV_MMA = replace(NARROW_GEMV_MMA, chains=2)
+NARROW_4W_GEMV_MMA = replace(NARROW_GEMV_MMA, warps=4)
+LONG_K_CHAINS_GEMV_MMA = replace(SMALL_M_CHAINS_GEMV_MMA, warps=8)
 
 
 def _splits(N: int, sm_count: int) -> int | None:
@@ -194,15 +198,13 @@ def _small_m_config(bits: int, N: int, K: int, sm_count: int) -> GemvMmaConfig:
     """The M <= 4 variant for an N x K weight, also int8's at M = 5..8 from a tile per SM or on short K (the branches
     and their measurements: the comments above)."""
     tiles, chunks = -(-N // 16), K // chunk_elems(bits)
-    narrow_chains = replace(NARROW_GEMV_MMA, chains=2)
-    long_k_chains = replace(SMALL_M_CHAINS_GEMV_MMA, warps=8)
     if bits == 8 and chunks <= 64:
         return SHORT_K_GEMV_MMA
     if 2 * tiles < sm_count:  # narrow
-        return narrow_chains if bits == 4 and chunks <= 128 else long_k_chains
+        return NARROW_CHAINS_GEMV_MMA if bits == 4 and chunks <= 128 else LONG_K_CHAINS_GEMV_MMA
     if tiles < 2 * sm_count:
         if bits == 8:
-            return narrow_chains if chunks <= 128 else SMALL_M_FULL_GEMV_MMA
+            return NARROW_CHAINS_GEMV_MMA if chunks <= 128 else SMALL_M_FULL_GEMV_MMA
         if chunks >= 192:
             return SMALL_M_FULL_GEMV_MMA
         return SHORT_K_GEMV_MMA if chunks <= 64 and tiles >= sm_count else NARROW_GEMV_MMA
@@ -221,13 +223,12 @@ def default_gemv_mma_configs(M: int, bits: int) -> tuple[GemvMmaConfig, ...]:
     """Every compiled variant (module) :func:`default_gemv_mma_config` may pick for M rows of ``bits``-bit
     weights, whatever the shape and GPU: what the default dispatch can load."""
     if M <= _SMALL_M_MAX_M:
-        return (SHORT_K_GEMV_MMA, replace(NARROW_GEMV_MMA, chains=2), replace(SMALL_M_CHAINS_GEMV_MMA, warps=8),
-                SMALL_M_FULL_GEMV_MMA) + ((NARROW_GEMV_MMA, SMALL_M_CHAINS_GEMV_MMA, MID_M_GEMV_MMA, SMALL_M_GEMV_MMA)
-                                          if bits == 4 else (GemvMmaConfig(),))
+        return (SHORT_K_GEMV_MMA, NARROW_CHAINS_GEMV_MMA, LONG_K_CHAINS_GEMV_MMA, SMALL_M_FULL_GEMV_MMA) + (
+            (NARROW_GEMV_MMA, SMALL_M_CHAINS_GEMV_MMA, MID_M_GEMV_MMA, SMALL_M_GEMV_MMA) if bits == 4 else
+            (GemvMmaConfig(),))
     if M <= 8:
         return ((MID_M_GEMV_MMA, NARROW_GEMV_MMA, SHORT_K_GEMV_MMA) if bits == 4 else
-                (SHORT_K_GEMV_MMA, replace(NARROW_GEMV_MMA, chains=2), SMALL_M_FULL_GEMV_MMA, NARROW_GEMV_MMA,
-                 GemvMmaConfig()))
+                (SHORT_K_GEMV_MMA, NARROW_CHAINS_GEMV_MMA, SMALL_M_FULL_GEMV_MMA, NARROW_GEMV_MMA, GemvMmaConfig()))
     if M <= _MID_M_MAX_M:
         return (M16_INT8_GEMV_MMA, NARROW_GEMV_MMA) if bits == 8 else (MID_M_GEMV_MMA, M16_WIDE_GEMV_MMA,
                                                                         NARROW_GEMV_MMA, M16_INT8_GEMV_MMA)
@@ -240,24 +241,29 @@ def default_gemv_mma_config(M: int, bits: int, N: int, K: int, sm_count: int) ->
     """The gemv_mma variant the default dispatch uses for M rows of a ``bits``-bit N x K weight on a GPU of
     ``sm_count`` SMs, with its warps per block and K splits (:func:`default_gemv_mma_configs` names every module
     it may pick)."""
-    modules = default_gemv_mma_configs(M, bits)
-    splits = _splits(N, sm_count)
+    return replace(_rule_variant(M, bits, N, K, sm_count), splits=_splits(N, sm_count))
+
+
+def _rule_variant(M: int, bits: int, N: int, K: int, sm_count: int) -> GemvMmaConfig:
+    """:func:`default_gemv_mma_config` before its K splits."""
     tiles, chunks = -(-N // 16), K // chunk_elems(bits)
     if M <= _SMALL_M_MAX_M or (bits == 8 and M <= 8 and (tiles >= sm_count or chunks <= 64)):
-        return replace(_small_m_config(bits, N, K, sm_count), splits=splits)
+        return _small_m_config(bits, N, K, sm_count)
     if bits == 8 and M <= _INT8_MID_MAX_M and chunks <= 64:
-        return replace(NARROW_GEMV_MMA, warps=4, splits=splits)
-    if _narrow(M, bits, N, sm_count):
-        return replace(NARROW_GEMV_MMA, splits=splits)
-    if bits == 4 and M <= _MID_M_MAX_M and chunks <= 64 and (M <= 8 or tiles < 6 * sm_count):
-        return replace(SHORT_K_GEMV_MMA if M <= 8 else M16_INT8_GEMV_MMA, splits=splits)
-    if bits == 8 and _MID_M_MAX_M < M <= _INT8_MID_MAX_M:
-        if tiles < 2 * sm_count and chunks < 384:
-            return replace(NARROW_GEMV_MMA, warps=4, splits=splits)
-        return replace(MID_M_GEMV_MMA if tiles < 2 * sm_count else M32_INT8_GEMV_MMA, splits=splits)
-    if M16_WIDE_GEMV_MMA in modules and -(-N // (16 * M16_WIDE_GEMV_MMA.row_tiles)) >= sm_count:
-        return replace(M16_WIDE_GEMV_MMA, splits=splits)
-    return replace(modules[0], splits=splits)
+        return NARROW_4W_GEMV_MMA
+    if _narrow(M, bits, N, sm_count):  # int8 at M = 5..8 ends here at the latest (under a tile per SM)
+        return NARROW_GEMV_MMA
+    if bits == 4 and M <= _MID_M_MAX_M:
+        if chunks <= 64 and (M <= 8 or tiles < 6 * sm_count):
+            return SHORT_K_GEMV_MMA if M <= 8 else M16_INT8_GEMV_MMA
+        return M16_WIDE_GEMV_MMA if M > 8 and -(-N // 64) >= sm_count else MID_M_GEMV_MMA
+    if bits == 8 and M <= _MID_M_MAX_M:
+        return M16_INT8_GEMV_MMA
+    if bits == 8 and M <= _INT8_MID_MAX_M:
+        if tiles < 2 * sm_count:
+            return NARROW_4W_GEMV_MMA if chunks < 384 else MID_M_GEMV_MMA
+        return M32_INT8_GEMV_MMA
+    return GemvMmaConfig()
 
 
 _STREAM_ROWS = StreamConfig().rows              # GEMV_STREAM_ROWS default: weight rows per warp
