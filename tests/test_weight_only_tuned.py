@@ -280,7 +280,7 @@ def test_candidates(tuner):
     labels = [c.label for c in at64]
     assert "gemv_mma r4u2b1w8k1f" in labels
     assert "gemv_mma r1u8b1w4" in labels and "gemv_mma r2u4b2w8k1" in labels and "gemm_small_m r2w8s2" in labels
-    for M in (1, 4, 8, 16, 33, 64):  # the rule's variants are among the candidates (no untimed compile)
+    for M in (1, 4, 8, 16, 24, 33, 64):  # the rule's variants are among the candidates (no untimed compile)
         for bits in (4, 8):
             timed = {frozenset(c.config.defines().items()) for c in tuner.candidates(M) if c.strategy == "gemv_mma"}
             assert {frozenset(c.defines().items()) for c in default_gemv_mma_configs(M, bits)} <= timed
