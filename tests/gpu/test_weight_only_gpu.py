@@ -273,8 +273,9 @@ def test_default_gemv_mma_small_m_rule(dtype, M, bits, per_sm, extra, K, module)
 _MID_M_CASES = [
     (6, 4, 1, 1, 1088, "short_k"), (12, 4, 1, 1, 1088, "r2u2"), (6, 8, 2, 2, 2112, "short_k"),
     (8, 8, 1, 1, 2048, "narrow_chains"), (7, 8, 1, 1, 3136, "full"), (12, 8, 1, 1, 1024, "narrow_w4"),
-    # int8 at M = 17..32 (gemv_mma also on sm_90 there)
-    (20, 8, 2, 2, 2112, "r4u2"), (32, 8, 1, 1, 2112, "narrow_w4"), (24, 8, 1, 1, 6208, "mid"),
+    # int8 at M = 17..32 (gemv_mma also on sm_90 there, but for mid-width, mid-K weights: dispatch.GEMM_WGMMA_INT8_KEEP_N /
+    # _K, which K = 4160 leaves)
+    (20, 8, 2, 2, 4160, "r4u2"), (32, 8, 1, 1, 2112, "narrow_w4"), (24, 8, 1, 1, 6208, "mid"),
     (17, 8, 0.5, -3, 1024, "narrow_w4"), (32, 8, 0.5, -3, 2112, "narrow"),
 ]
 
