@@ -24,6 +24,7 @@ from cutlass_ops.formats import QuantizedWeight, quantize_weight
 from cutlass_ops import plan_cache
 from cutlass_ops import weight_only as wo
 from cutlass_ops.reference import linear_reference
+from cutlass_ops.weight_only import variants as v
 
 pytestmark = pytest.mark.gpu
 
@@ -231,8 +232,23 @@ def test_default_gemv_mma_rule_from_m5(bits, dtype, M, wide):
     _check(x, qw, bias, 1, None)
 
 
+# The modules of the rule's branches by the names the case lists below use (tests/test_gpu_rule_cases.py checks on the
+# CPU, for several SM counts, that each case's shape takes its module through the default dispatch).
+RULE_MODULES = {
+    "narrow_chains": v.NARROW_CHAINS_GEMV_MMA, "narrow": v.NARROW_GEMV_MMA, "narrow_w4": v.NARROW_4W_GEMV_MMA,
+    "long_k_chains": v.LONG_K_CHAINS_GEMV_MMA, "short_k": v.SHORT_K_GEMV_MMA, "full": v.SMALL_M_FULL_GEMV_MMA,
+    "chains": v.SMALL_M_CHAINS_GEMV_MMA, "mid": v.MID_M_GEMV_MMA, "plain": v.SMALL_M_GEMV_MMA,
+    "default": v.GemvMmaConfig(), "r2u2": v.M16_INT8_GEMV_MMA, "r4u2": v.M32_INT8_GEMV_MMA,
+}
+
+
+def rule_case_N(per_sm: float, extra: int, sms: int) -> int:
+    """A case's N: per_sm 16-row tiles per SM plus `extra` tiles, 5 rows short of the last (ragged)."""
+    return 16 * (int(per_sm * sms) + extra) - 5
+
+
 # (bits, 16-row tiles as a multiple of the SMs and an offset, K, the module the M <= 4 rule picks): every branch
-_SMALL_M_CASES = [
+SMALL_M_CASES = [
     (4, 0.5, -3, 1088, "narrow_chains"), (4, 0.5, -3, 4224, "long_k_chains"), (8, 0.5, -3, 1024, "short_k"),
     (8, 0.5, -3, 1088, "long_k_chains"), (4, 1, -3, 1088, "narrow"), (4, 1, 1, 1088, "short_k"),
     (4, 1, 1, 6208, "full"), (8, 1, 1, 1088, "narrow_chains"), (8, 1, 1, 3136, "full"),
@@ -241,8 +257,8 @@ _SMALL_M_CASES = [
 ]
 
 
-@pytest.mark.parametrize("bits, per_sm, extra, K, module", _SMALL_M_CASES,
-                         ids=[f"w{c[0]}-{c[4]}-K{c[3]}" for c in _SMALL_M_CASES])
+@pytest.mark.parametrize("bits, per_sm, extra, K, module", SMALL_M_CASES,
+                         ids=[f"w{c[0]}-{c[4]}-K{c[3]}" for c in SMALL_M_CASES])
 @pytest.mark.parametrize("M", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_default_gemv_mma_small_m_rule(dtype, M, bits, per_sm, extra, K, module):
@@ -251,17 +267,12 @@ def test_default_gemv_mma_small_m_rule(dtype, M, bits, per_sm, extra, K, module)
     from dataclasses import replace
 
     from custom_kernels.device import sm_count
-    from cutlass_ops.weight_only import variants as v
 
-    modules = {"narrow_chains": replace(v.NARROW_GEMV_MMA, chains=2), "narrow": v.NARROW_GEMV_MMA,
-               "long_k_chains": replace(v.SMALL_M_CHAINS_GEMV_MMA, warps=8), "short_k": v.SHORT_K_GEMV_MMA,
-               "full": v.SMALL_M_FULL_GEMV_MMA, "chains": v.SMALL_M_CHAINS_GEMV_MMA, "mid": v.MID_M_GEMV_MMA,
-               "plain": v.SMALL_M_GEMV_MMA, "default": v.GemvMmaConfig()}
     sms = sm_count(0)
-    N = 16 * (int(per_sm * sms) + extra) - 5
+    N = rule_case_N(per_sm, extra, sms)
     qw = _weight(N, K, bits, 64, False)
     config = wo.default_gemv_mma_config(M, bits, N, K, sms)
-    assert config == replace(modules[module], splits=1)
+    assert config == replace(RULE_MODULES[module], splits=1)
     major, minor = torch.cuda.get_device_capability(0)
     assert wo.choose_strategy(M, dtype, qw, 10 * major + minor) == "gemv_mma"
     x, bias = _inputs(M, K, N, dtype, seed=12)
@@ -270,7 +281,7 @@ def test_default_gemv_mma_small_m_rule(dtype, M, bits, per_sm, extra, K, module)
 
 # (M, bits, 16-row tiles as a multiple of the SMs and an offset, K, the module) of the rule's branches at M = 5..32
 # that the M <= 4 cases above do not reach
-_MID_M_CASES = [
+MID_M_CASES = [
     (6, 4, 1, 1, 1088, "short_k"), (12, 4, 1, 1, 1088, "r2u2"), (6, 8, 2, 2, 2112, "short_k"),
     (8, 8, 1, 1, 2048, "narrow_chains"), (7, 8, 1, 1, 3136, "full"), (12, 8, 1, 1, 1024, "narrow_w4"),
     # int8 at M = 17..32 (gemv_mma also on sm_90 there, but for mid-width, mid-K weights: dispatch.GEMM_WGMMA_INT8_KEEP_N /
@@ -280,23 +291,19 @@ _MID_M_CASES = [
 ]
 
 
-@pytest.mark.parametrize("M, bits, per_sm, extra, K, module", _MID_M_CASES,
-                         ids=[f"m{c[0]}-w{c[1]}-{c[5]}" for c in _MID_M_CASES])
+@pytest.mark.parametrize("M, bits, per_sm, extra, K, module", MID_M_CASES,
+                         ids=[f"m{c[0]}-w{c[1]}-{c[5]}" for c in MID_M_CASES])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_default_gemv_mma_mid_m_rule(dtype, M, bits, per_sm, extra, K, module):
     """The rule's short-K and int8 branches at M = 5..32 through the default dispatch (N ragged)."""
     from dataclasses import replace
 
     from custom_kernels.device import sm_count
-    from cutlass_ops.weight_only import variants as v
 
-    modules = {"short_k": v.SHORT_K_GEMV_MMA, "r2u2": v.M16_INT8_GEMV_MMA, "full": v.SMALL_M_FULL_GEMV_MMA,
-               "narrow_chains": replace(v.NARROW_GEMV_MMA, chains=2), "narrow_w4": replace(v.NARROW_GEMV_MMA, warps=4),
-               "r4u2": v.M32_INT8_GEMV_MMA, "mid": v.MID_M_GEMV_MMA, "narrow": v.NARROW_GEMV_MMA}
     sms = sm_count(0)
-    N = 16 * (int(per_sm * sms) + extra) - 5
+    N = rule_case_N(per_sm, extra, sms)
     qw = _weight(N, K, bits, 64, False)
-    assert wo.default_gemv_mma_config(M, bits, N, K, sms) == replace(modules[module], splits=1)
+    assert wo.default_gemv_mma_config(M, bits, N, K, sms) == replace(RULE_MODULES[module], splits=1)
     major, minor = torch.cuda.get_device_capability(0)
     assert wo.choose_strategy(M, dtype, qw, 10 * major + minor) == "gemv_mma"
     x, bias = _inputs(M, K, N, dtype, seed=13)
