@@ -23,7 +23,7 @@ SM_COUNTS = (132, 114, 108, 78)  # H100 SXM / PCIe, A100, H20
 CCS = (90, 80)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=4)  # up to 70 MB each (int8 16384 x 4251): keep a few
 def _weight(N: int, K: int, bits: int) -> QuantizedWeight:
     """A real QuantizedWeight of the GPU test's format (block 64, asymmetric); the dispatch reads its shape only."""
     packed = K if bits == 8 else K // 2
