@@ -174,16 +174,25 @@ def candidates_constant_from() -> int:
                max(SMALL_M_GEMV, default=0) + 1)
 
 
+def _gemv_mma_faster(strategy: str, M: int, qw) -> bool:
+    """Whether gemv_mma, later in the order, streams this weight faster than ``strategy``: gemm_small_m below
+    ``GEMM_SMALL_M_INT8_MIN_M`` rows for int8 and below ``GEMM_SMALL_M_WIDE_MIN_M`` on wide int4 weights (see
+    ``GEMM_SMALL_M_DEFAULT``); gemm_wgmma below ``GEMM_WGMMA_INT8_MIN_M`` rows for int8 but on mid-width, mid-K
+    weights (``GEMM_WGMMA_INT8_KEEP_N`` / ``_K``)."""
+    if strategy == "gemm_small_m":
+        return M < GEMM_SMALL_M_INT8_MIN_M if qw.bits == 8 else (M < GEMM_SMALL_M_WIDE_MIN_M
+                                                                  and qw.N > GEMM_SMALL_M_NARROW_N)
+    if strategy == "gemm_wgmma":
+        mid = (GEMM_WGMMA_INT8_KEEP_N[0] < qw.N < GEMM_WGMMA_INT8_KEEP_N[1]
+               and GEMM_WGMMA_INT8_KEEP_K[0] < qw.K < GEMM_WGMMA_INT8_KEEP_K[1])
+        return qw.bits == 8 and M < GEMM_WGMMA_INT8_MIN_M and not mid
+    return False
+
+
 def choose_strategy(M: int, dtype: torch.dtype, qw, cc: int) -> str:
-    """The default strategy for this problem: the first of :func:`candidate_strategies` that applies."""
+    """The default strategy for this problem: the first of :func:`candidate_strategies` that applies and that
+    gemv_mma does not beat on this weight (:func:`_gemv_mma_faster`)."""
     for strategy in candidate_strategies(M, dtype, cc):
-        if strategy == "gemm_small_m" and (M < GEMM_SMALL_M_INT8_MIN_M if qw.bits == 8 else
-                                           M < GEMM_SMALL_M_WIDE_MIN_M and qw.N > GEMM_SMALL_M_NARROW_N):
-            continue  # there gemv_mma streams the weight faster (see GEMM_SMALL_M_DEFAULT)
-        if strategy == "gemm_wgmma" and qw.bits == 8 and M < GEMM_WGMMA_INT8_MIN_M and not (
-                GEMM_WGMMA_INT8_KEEP_N[0] < qw.N < GEMM_WGMMA_INT8_KEEP_N[1]
-                and GEMM_WGMMA_INT8_KEEP_K[0] < qw.K < GEMM_WGMMA_INT8_KEEP_K[1]):
-            continue  # and int8 on Hopper (see GEMM_WGMMA_INT8_MIN_M)
-        if strategy_problem(strategy, M, dtype, qw, cc) is None:
+        if not _gemv_mma_faster(strategy, M, qw) and strategy_problem(strategy, M, dtype, qw, cc) is None:
             return strategy
     return "gemm_simt"

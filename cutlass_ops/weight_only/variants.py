@@ -194,10 +194,9 @@ def _narrow(M: int, bits: int, N: int, sm_count: int) -> bool:
     return (1 if bits == 8 and M <= _MID_M_MAX_M else 2) * -(-N // 32) < sm_count
 
 
-def _small_m_config(bits: int, N: int, K: int, sm_count: int) -> GemvMmaConfig:
-    """The M <= 4 variant for an N x K weight, also int8's at M = 5..8 from a tile per SM or on short K (the branches
-    and their measurements: the comments above)."""
-    tiles, chunks = -(-N // 16), K // chunk_elems(bits)
+def _small_m_config(bits: int, tiles: int, chunks: int, sm_count: int) -> GemvMmaConfig:
+    """The M <= 4 variant for a weight of ``tiles`` 16-row tiles and ``chunks`` 16-byte chunks per row, also int8's at
+    M = 5..8 from a tile per SM or on short K (the branches and their measurements: the comments above)."""
     if bits == 8 and chunks <= 64:
         return SHORT_K_GEMV_MMA
     if 2 * tiles < sm_count:  # narrow
@@ -214,7 +213,7 @@ def _small_m_config(bits: int, N: int, K: int, sm_count: int) -> GemvMmaConfig:
         return SHORT_K_GEMV_MMA
     if 112 <= chunks <= 128 and tiles < 6 * sm_count:
         return SMALL_M_CHAINS_GEMV_MMA
-    if chunks >= 256 and -(-N // 32) <= 2 * sm_count:
+    if chunks >= 256 and -(-tiles // 2) <= 2 * sm_count:  # 32-row blocks
         return MID_M_GEMV_MMA
     return SMALL_M_GEMV_MMA
 
@@ -248,7 +247,7 @@ def _rule_variant(M: int, bits: int, N: int, K: int, sm_count: int) -> GemvMmaCo
     """:func:`default_gemv_mma_config` before its K splits."""
     tiles, chunks = -(-N // 16), K // chunk_elems(bits)
     if M <= _SMALL_M_MAX_M or (bits == 8 and M <= 8 and (tiles >= sm_count or chunks <= 64)):
-        return _small_m_config(bits, N, K, sm_count)
+        return _small_m_config(bits, tiles, chunks, sm_count)
     if bits == 8 and M <= _INT8_MID_MAX_M and chunks <= 64:
         return NARROW_4W_GEMV_MMA
     if _narrow(M, bits, N, sm_count):  # int8 at M = 5..8 ends here at the latest (under a tile per SM)

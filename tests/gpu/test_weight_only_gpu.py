@@ -16,6 +16,7 @@ import copy
 import functools
 import math
 import pickle
+from dataclasses import replace
 
 import pytest
 import torch
@@ -217,14 +218,13 @@ def test_default_gemv_mma_rule_from_m5(bits, dtype, M, wide):
     64-row block per SM takes four row tiles at M = 9..16 for int4, one just under a 32-row block per two SMs one
     row tile (both ragged in N)."""
     from custom_kernels.device import sm_count
-    from cutlass_ops.weight_only.variants import M16_WIDE_GEMV_MMA, NARROW_GEMV_MMA
 
     sms = sm_count(0)
     N, K = (64 * sms + 7 if wide else 16 * sms - 40), 2112  # > 64 chunks: not the short-K branch
     qw = _weight(N, K, bits, 64, False)
     config = wo.default_gemv_mma_config(M, bits, N, K, sms)
-    expected = (M16_WIDE_GEMV_MMA if bits == 4 and M > 8 else wo.default_gemv_mma_configs(M, bits)[0]) if wide \
-        else NARROW_GEMV_MMA
+    expected = (v.M16_WIDE_GEMV_MMA if bits == 4 and M > 8 else wo.default_gemv_mma_configs(M, bits)[0]) if wide \
+        else v.NARROW_GEMV_MMA
     assert config.defines() == expected.defines() and config.splits == 1
     major, minor = torch.cuda.get_device_capability(0)
     assert wo.choose_strategy(M, dtype, qw, 10 * major + minor) == "gemv_mma"
@@ -264,8 +264,6 @@ SMALL_M_CASES = [
 def test_default_gemv_mma_small_m_rule(dtype, M, bits, per_sm, extra, K, module):
     """The M <= 4 rule's modules through the default dispatch, each on a weight of its branch (N ragged: a few
     rows past a whole tile)."""
-    from dataclasses import replace
-
     from custom_kernels.device import sm_count
 
     sms = sm_count(0)
@@ -296,8 +294,6 @@ MID_M_CASES = [
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_default_gemv_mma_mid_m_rule(dtype, M, bits, per_sm, extra, K, module):
     """The rule's short-K and int8 branches at M = 5..32 through the default dispatch (N ragged)."""
-    from dataclasses import replace
-
     from custom_kernels.device import sm_count
 
     sms = sm_count(0)
